@@ -1,0 +1,68 @@
+"""ACP-SGD (Zhang et al., ICDCS 2023): alternate compressed PowerSGD, ONE all-reduce per step.
+
+Each step does half a power iteration and all-reduces only one factor, so a bucket's
+collective does not depend on another round: it pipelines with backprop and fuses across
+layers like S-SGD's all-reduce. Per compressed matrix, with residual e (acp-sgd.md):
+
+P-step (parity 0)                         Q-step (parity 1)
+1. Q̂ = orth(Q_prev)                        P̂ = orth(P_prev)          (one batched QR per step)
+2. X = (G + e) Q̂          n×r              X = (G + e)ᵀ P̂       m×r
+3. e ← (G + e) − X Q̂ᵀ      local residual   e ← (G + e) − P̂ Xᵀ
+4. all-reduce X (sum) → P                   all-reduce X (sum) → Q   (fused with the bucket's
+                                                                     uncompressed tensors)
+5. gradient ← P Q̂ᵀ / N                       gradient ← P̂ Qᵀ / N       (as the bucket completes)
+
+The kept factor is last step's *global* result, so warm start is built in. The first Q is
+a seeded random matrix identical on every rank. Parity and factors are per parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from compressors.base import AllReduce, BucketJob, GradSlot
+from compressors.fusion import FusedBuffer, pack_uncompressed, split_slots, unpack_mean
+from compressors.lowrank import LowRankCompressor, orthonormal_columns
+
+P_STEP, Q_STEP = 0, 1
+
+
+class ACPSGD(LowRankCompressor):
+    def encode_decode(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
+        compressed, plain = split_slots(slots, self.compresses)
+        factors = [self.factors.get(slot) for slot in compressed]
+        # 1. One orthogonalization per matrix: of the factor the last step produced.
+        kept = [f.q if f.parity == P_STEP or f.p is None else f.p for f in factors]
+        parities = [P_STEP if f.parity == P_STEP or f.p is None else Q_STEP for f in factors]
+        bases = orthonormal_columns(kept)
+        ms = [self.memory.accumulate(slot.key, slot.matrix) for slot in compressed]
+        payload = FusedBuffer(
+            [(m.shape[0] if parity == P_STEP else m.shape[1], basis.shape[1]) for m, basis, parity in zip(ms, bases, parities)]
+            + [(s.grad.numel(),) for s in plain],
+            dtype=buffer.dtype,
+            device=buffer.device,
+        )
+        xs, plain_views = payload.views[: len(ms)], payload.views[len(ms) :]
+        # 2-3. Project, and leave the local residual in the error-feedback buffer (in place).
+        for m, basis, x, parity in zip(ms, bases, xs, parities):
+            if parity == P_STEP:
+                torch.mm(m, basis, out=x)
+                m.addmm_(x, basis.t(), alpha=-1)
+            else:
+                torch.mm(m.t(), basis, out=x)
+                m.addmm_(basis, x.t(), alpha=-1)
+        pack_uncompressed(plain_views, plain)
+        # 4. The step's only collective.
+        yield AllReduce(payload.flat)
+        # 5. Reconstruct the mean gradient; keep the summed factor for the next step.
+        unpack_mean(plain_views, plain, world_size)
+        for slot, f, basis, x, parity in zip(compressed, factors, bases, xs, parities):
+            scaled_basis = basis / world_size
+            if parity == P_STEP:
+                torch.mm(x, scaled_basis.t(), out=slot.matrix)
+                f.p, f.parity = x, Q_STEP
+            else:
+                torch.mm(scaled_basis, x.t(), out=slot.matrix)
+                f.q, f.parity = x, P_STEP

@@ -1,0 +1,230 @@
+"""The Compressor protocol, the collective requests it yields, and the ``build`` registry.
+
+A compressor owns its math and its per-parameter state. It never talks to a process
+group: for each DDP bucket it runs as a *generator* that yields the collectives it needs
+(:class:`AllReduce`, :class:`AllGather`) and receives their results. ``GradientSync``
+drives the generator with asynchronous collectives chained by futures, so the same
+compressor code gets pipelining (buckets fire during backward), timing and byte counts
+without knowing about them, and can be unit-tested with a fake in-process "collective".
+"""
+
+from __future__ import annotations
+
+import zlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Generator, Iterable, Sequence, Union
+
+import torch
+
+from compressors import wire
+from compressors.memory import ErrorFeedback
+from compressors.spec import CompressorSpec, make_spec
+
+
+@dataclass
+class GradSlot:
+    """One parameter's gradient inside a DDP bucket.
+
+    ``key`` is the parameter's name in the model (stable across DDP's bucket rebuild and
+    across checkpoints); ``grad`` is a view into the bucket's flat buffer in the
+    parameter's shape, so writing it writes the bucket.
+    """
+
+    key: str
+    grad: torch.Tensor
+    #: Where the gradient starts in the bucket's flat buffer (elements).
+    offset: int = 0
+
+    @property
+    def matrix(self) -> torch.Tensor:
+        """The ``n × m`` matrix view of the gradient (design.md §2)."""
+        n, m = wire.matrix_dims(tuple(self.grad.shape))
+        return self.grad.view(n, m)
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """Sum ``tensor`` across ranks, in place. The generator receives the same tensor back."""
+
+    tensor: torch.Tensor
+
+
+@dataclass(frozen=True)
+class AllGather:
+    """Gather a 1-D ``tensor`` from every rank. The generator receives a ``(world, numel)`` tensor."""
+
+    tensor: torch.Tensor
+
+
+Collective = Union[AllReduce, AllGather]
+#: What a compressor runs per bucket: yields collectives, gets their results, returns nothing.
+#: When it returns, the bucket's buffer holds the mean gradient over all ranks.
+BucketJob = Generator[Collective, torch.Tensor, None]
+
+
+class Compressor(ABC):
+    """Base of every compressor. Subclasses implement :meth:`encode_decode`.
+
+    The uncompressed warm-up (``warmup_steps``), the byte formula and the step counter
+    live here, so every compressor handles them the same way.
+    """
+
+    def __init__(self, spec: CompressorSpec) -> None:
+        self.spec = spec
+        self.steps_done = 0
+
+    # -- identity -------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec.label}>"
+
+    # -- the per-bucket job ----------------------------------------------------------
+    def process(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
+        """The job GradientSync drives for one bucket (the warm-up is plain all-reduce)."""
+        if self.steps_done < self.spec.warmup_steps:
+            return mean_allreduce(buffer, world_size)
+        return self.encode_decode(buffer, slots, world_size)
+
+    @abstractmethod
+    def encode_decode(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
+        """Yield collectives; leave the mean over ranks of the (compressed) gradient in ``buffer``."""
+
+    def end_step(self) -> None:
+        """Called once per step, when the step's last bucket has been handed over."""
+        self.steps_done += 1
+
+    # -- bytes ----------------------------------------------------------------------
+    def wire_bytes(self, shapes: Iterable[Sequence[int]], world_size: int) -> float:
+        """Bytes this rank passes into collectives per step (average over steps), from the formula."""
+        return wire.wire_bytes(self.spec, shapes, world_size)
+
+    def compresses(self, shape: Sequence[int]) -> bool:
+        return wire.is_compressed(self.spec, tuple(shape))
+
+    # -- state ----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps_done": self.steps_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_done = int(state.get("steps_done", 0))
+
+    def take_residuals(self) -> dict[str, torch.Tensor]:
+        """Hand over (and forget) the error-feedback residuals, keyed by parameter.
+
+        GradientSync adds them to the next gradients after a switch, so no gradient mass
+        is lost when the compressor changes. Compressors without error feedback have none.
+        """
+        return {}
+
+
+class ErrorFeedbackCompressor(Compressor):
+    """A lossy compressor that keeps what it left out and adds it to the next gradient."""
+
+    def __init__(self, spec: CompressorSpec) -> None:
+        super().__init__(spec)
+        self.memory = ErrorFeedback()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "memory": self.memory.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.memory.load_state_dict(state.get("memory", {}))
+
+    def take_residuals(self) -> dict[str, torch.Tensor]:
+        return self.memory.take()
+
+
+def mean_allreduce(buffer: torch.Tensor, world_size: int) -> BucketJob:
+    """Plain fp32 all-reduce of the whole bucket, then divide: S-SGD."""
+    yield AllReduce(buffer)
+    buffer.div_(world_size)
+
+
+def seeded_normal(shape: Sequence[int], seed: int, key: str, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A random matrix that is identical on every rank: seeded by (seed, parameter name).
+
+    The reference implementation leaves the first factor unseeded, which makes replicas
+    diverge once; seeding by name also keeps it stable across DDP's bucket rebuild.
+    """
+    generator = torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + zlib.crc32(key.encode())) % 2**63)
+    return torch.randn(tuple(shape), generator=generator, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def build(name: str, **params: Any) -> Compressor:
+    """Build a compressor by name. Raises ``ValueError`` naming the bad field.
+
+    Names: none fp16 bf16 signsgd topk powersgd acpsgd.
+    """
+    spec = make_spec(name, **params)
+    return from_spec(spec)
+
+
+def from_spec(spec: CompressorSpec) -> Compressor:
+    """Build a compressor from an already validated spec."""
+    # Imported here: each compressor module imports this one.
+    from compressors.acpsgd import ACPSGD
+    from compressors.allreduce import CastAllReduce, PlainAllReduce
+    from compressors.powersgd import PowerSGD
+    from compressors.signsgd import EFSignSGD
+    from compressors.topk import TopK
+
+    if spec.name == "none":
+        return PlainAllReduce(spec)
+    if spec.name == "fp16":
+        return CastAllReduce(spec, torch.float16)
+    if spec.name == "bf16":
+        return CastAllReduce(spec, torch.bfloat16)
+    if spec.name == "signsgd":
+        return EFSignSGD(spec)
+    if spec.name == "topk":
+        return TopK(spec)
+    if spec.name == "powersgd":
+        return PowerSGD(spec)
+    if spec.name == "acpsgd":
+        return ACPSGD(spec)
+    raise AssertionError(f"spec names an unregistered compressor: {spec.name}")
+
+
+def run_in_lockstep(jobs: Sequence[BucketJob]) -> None:
+    """Drive one bucket job per simulated rank in one process, doing the collectives by hand.
+
+    Every job must yield the same sequence of collectives (as real ranks must). Used by
+    unit tests and by benchmarks that time encode+decode without a network; with a single
+    job it is the world-size-1 case.
+    """
+    results: list[torch.Tensor | None] = [None] * len(jobs)
+    while True:
+        requests: list[Collective] = []
+        finished = 0
+        for index, job in enumerate(jobs):
+            try:
+                requests.append(job.send(results[index]))  # type: ignore[arg-type]
+            except StopIteration:
+                finished += 1
+        if finished:
+            if finished != len(jobs):
+                raise RuntimeError("bucket jobs of different ranks ended at different rounds")
+            return
+        kinds = {type(r) for r in requests}
+        if len(kinds) != 1:
+            raise RuntimeError(f"ranks asked for different collectives: {kinds}")
+        if len(requests) == 1:  # world size 1: the collective is the identity
+            only = requests[0].tensor
+            results = [only if isinstance(requests[0], AllReduce) else only.unsqueeze(0)]
+        elif isinstance(requests[0], AllReduce):
+            total = torch.stack([r.tensor for r in requests]).sum(0)
+            for r in requests:
+                r.tensor.copy_(total)
+            results = [r.tensor for r in requests]
+        else:
+            gathered = torch.stack([r.tensor for r in requests])
+            results = [gathered.clone() for _ in requests]

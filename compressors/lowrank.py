@@ -1,0 +1,93 @@
+"""Pieces PowerSGD and ACP-SGD share: per-parameter factor state and batched orthogonalization."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from compressors import wire
+from compressors.base import ErrorFeedbackCompressor, GradSlot, seeded_normal
+from compressors.spec import CompressorSpec
+
+
+@dataclass
+class Factors:
+    """The low-rank factors kept for one parameter between steps.
+
+    ``q`` (m×r) starts as the same seeded random matrix on every rank; ``p`` (n×r) is
+    set by the first step that produces it. ``parity`` is ACP-SGD's P-step (0) / Q-step (1)
+    switch; PowerSGD ignores it.
+    """
+
+    q: torch.Tensor
+    p: torch.Tensor | None = None
+    parity: int = 0
+
+
+class FactorStore:
+    """Factors keyed by parameter name (stable across DDP's bucket rebuild and checkpoints)."""
+
+    def __init__(self, spec: CompressorSpec) -> None:
+        self.spec = spec
+        self._factors: dict[str, Factors] = {}
+
+    def get(self, slot: GradSlot) -> Factors:
+        factors = self._factors.get(slot.key)
+        n, m = wire.matrix_dims(tuple(slot.grad.shape))
+        rank = wire.effective_rank(self.spec, tuple(slot.grad.shape))
+        if factors is None or factors.q.shape != (m, rank):
+            q = seeded_normal((m, rank), self.spec.seed, slot.key, dtype=slot.grad.dtype, device=slot.grad.device)
+            factors = Factors(q=q)
+            self._factors[slot.key] = factors
+        return factors
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            key: {"q": f.q.detach().cpu().clone(), "p": None if f.p is None else f.p.detach().cpu().clone(), "parity": f.parity}
+            for key, f in self._factors.items()
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._factors = {
+            key: Factors(q=value["q"].clone(), p=None if value["p"] is None else value["p"].clone(), parity=int(value["parity"]))
+            for key, value in state.items()
+        }
+
+
+def orthonormal_columns(matrices: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Orthonormal bases of each matrix's columns (reduced QR), batched by shape.
+
+    Same-shape factors are stacked and decomposed in one ``torch.linalg.qr`` call: one
+    kernel launch instead of one per layer. The inputs are not modified.
+    """
+    result: list[torch.Tensor | None] = [None] * len(matrices)
+    groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for index, matrix in enumerate(matrices):
+        groups[tuple(matrix.shape)].append(index)
+    for indices in groups.values():
+        if len(indices) == 1:
+            result[indices[0]] = torch.linalg.qr(matrices[indices[0]], mode="reduced").Q
+            continue
+        stacked = torch.stack([matrices[i] for i in indices])
+        basis = torch.linalg.qr(stacked, mode="reduced").Q
+        for position, i in enumerate(indices):
+            result[i] = basis[position]
+    return result  # type: ignore[return-value]
+
+
+class LowRankCompressor(ErrorFeedbackCompressor):
+    """Error feedback plus per-parameter factors: the state PowerSGD and ACP-SGD share."""
+
+    def __init__(self, spec: CompressorSpec) -> None:
+        super().__init__(spec)
+        self.factors = FactorStore(spec)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "factors": self.factors.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.factors.load_state_dict(state.get("factors", {}))

@@ -1,0 +1,318 @@
+"""Adaptive choice of compressor and rank: a pure function from measurements to a decision.
+
+The coordinator (torch-free) and rank 0 of a job without a coordinator call
+:func:`decide` with each telemetry report. It reads no clock and does no I/O: the time is
+passed in as ``now`` and everything it remembers between calls lives in the returned
+:class:`PolicyState`, so it can be tested on synthetic traces with a fake clock.
+
+Algorithm of :func:`decide`:
+
+1. **Smooth the link.** Bandwidth is averaged in log space with a time-based EWMA
+   (half-life ``bandwidth_half_life_s``), so ±30 % noise moves the estimate by a few percent.
+   A sample off by more than ``level_shift_factor`` is held back as a suspected outlier; once
+   ``level_shift_reports`` such samples in a row lie on the same side, the estimate jumps to
+   their geometric mean (a real collapse is followed within two reports, a lone spike is
+   ignored). Latency uses a plain EWMA with the same weight.
+2. **Detect a critical regime** (Accordion's signal): the relative change of the gradient norm
+   between reports ``|‖g_t‖ − ‖g_{t−1}‖| / ‖g_{t−1}‖ ≥ critical_grad_change`` starts one that
+   lasts ``critical_hold_s``; the first ``critical_initial_steps`` steps are critical too.
+3. **Quality guard.** Always: the compressor is allowed and a low rank lies in
+   ``[min_rank, max_rank]``. In a critical regime, additionally: low-rank compressors need
+   rank ≥ ``min(critical_rank_factor · min_rank, max_rank)``, and top-k and sign (lossy without
+   a rank to raise) are excluded; none/fp16/bf16 stay allowed. If nothing allowed passes the
+   critical guard, the ordinary guard applies.
+4. **Predict** every candidate that passes the guard, and the current choice, with
+   :func:`compressors.costmodel.predict_step` at the smoothed link; the fastest candidate
+   wins (ties go to the less lossy one).
+5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
+   Otherwise switch only when the predicted gain ``(t_current − t_best) / t_current`` exceeds
+   ``gain_threshold`` and at least ``min_dwell_s`` passed since the last switch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Iterable, Union
+
+from compressors.costmodel import (
+    DEFAULT_TOPK_RATIOS,
+    Link,
+    StepPrediction,
+    StepProfile,
+    alpha_beta_from_bandwidth,
+    candidates,
+    predict_step,
+)
+from compressors.spec import COMPRESSOR_NAMES, LOW_RANK, CompressorSpec
+
+#: Compressors that lose information and have no rank to raise in a critical regime.
+_LOSSY_WITHOUT_RANK = frozenset({"signsgd", "topk"})
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Bounds and hysteresis of the adaptive policy (validated on construction)."""
+
+    allowed: tuple[str, ...] = COMPRESSOR_NAMES
+    min_rank: int = 1
+    max_rank: int = 64
+    topk_ratios: tuple[float, ...] = DEFAULT_TOPK_RATIOS
+    #: Switch only for a predicted step-time saving above this fraction of the current step.
+    gain_threshold: float = 0.10
+    #: Seconds that must pass after a switch before the next one (quality fixes excepted).
+    min_dwell_s: float = 30.0
+    bandwidth_half_life_s: float = 5.0
+    level_shift_factor: float = 2.0
+    level_shift_reports: int = 2
+    #: Relative gradient-norm change between reports that starts a critical regime.
+    critical_grad_change: float = 0.5
+    critical_hold_s: float = 30.0
+    critical_initial_steps: int = 100
+    critical_rank_factor: int = 4
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed", tuple(self.allowed))
+        object.__setattr__(self, "topk_ratios", tuple(float(q) for q in self.topk_ratios))
+        if not self.allowed:
+            raise ValueError("allowed: must name at least one compressor")
+        for name in self.allowed:
+            if name not in COMPRESSOR_NAMES:
+                raise ValueError(f"allowed: unknown compressor {name!r}")
+        if not 1 <= self.min_rank <= self.max_rank:
+            raise ValueError(f"min_rank: must be in [1, max_rank={self.max_rank}], got {self.min_rank}")
+        if any(not 0 < q <= 1 for q in self.topk_ratios):
+            raise ValueError(f"topk_ratios: each must be in (0, 1], got {self.topk_ratios}")
+        for name in ("gain_threshold", "min_dwell_s", "critical_hold_s", "critical_grad_change"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        if not self.bandwidth_half_life_s > 0:
+            raise ValueError(f"bandwidth_half_life_s: must be > 0, got {self.bandwidth_half_life_s!r}")
+        if not self.level_shift_factor > 1:
+            raise ValueError(f"level_shift_factor: must be > 1, got {self.level_shift_factor!r}")
+        if self.level_shift_reports < 1:
+            raise ValueError(f"level_shift_reports: must be >= 1, got {self.level_shift_reports}")
+        if self.critical_rank_factor < 1:
+            raise ValueError(f"critical_rank_factor: must be >= 1, got {self.critical_rank_factor}")
+
+    @property
+    def critical_min_rank(self) -> int:
+        """The lowest rank allowed in a critical regime."""
+        return min(self.max_rank, self.critical_rank_factor * self.min_rank)
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """One report's view of the job: link, cluster size, model, and what runs now."""
+
+    bandwidth_bytes_per_second: float
+    latency_s: float
+    world_size: int
+    profile: StepProfile
+    current: CompressorSpec
+    grad_norm: float | None = None
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What :func:`decide` remembers between calls; start with ``PolicyState()``."""
+
+    bandwidth_ewma: float | None = None  # bytes/s, smoothed in log space
+    latency_ewma: float | None = None  # seconds
+    smoothed_at: float | None = None  # when a sample last entered the averages
+    pending_shift: tuple[float, ...] = ()  # out-of-band bandwidth samples awaiting confirmation
+    last_grad_norm: float | None = None
+    critical_until: float | None = None
+    last_switch_at: float | None = None
+    switches: int = 0
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Stay with the current choice."""
+
+    reason: str
+    predicted_step_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Change to ``spec``; ``gain`` is the predicted fraction of step time saved (may be < 0
+    when the quality guard forces a slower choice)."""
+
+    spec: CompressorSpec
+    gain: float
+    current_step_s: float
+    new_step_s: float
+    reason: str
+
+
+Decision = Union[Keep, Switch]
+
+
+# --------------------------------------------------------------------------------------------
+# Step 1: smoothing
+# --------------------------------------------------------------------------------------------
+
+
+def _weight(state: PolicyState, cfg: PolicyConfig, now: float) -> float:
+    """EWMA weight of a new sample: ``1 − 2^(−Δt / half-life)`` (irregular reports welcome)."""
+    if state.smoothed_at is None:
+        return 1.0
+    elapsed = max(0.0, now - state.smoothed_at)
+    return 1.0 - 0.5 ** (elapsed / cfg.bandwidth_half_life_s)
+
+
+def _smooth_link(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float) -> PolicyState:
+    """Fold this report's bandwidth and latency into the averages (see step 1)."""
+    sample = m.bandwidth_bytes_per_second
+    previous = state.bandwidth_ewma
+    if previous is None:
+        return dataclasses.replace(
+            state, bandwidth_ewma=sample, latency_ewma=m.latency_s, smoothed_at=now, pending_shift=()
+        )
+    if max(sample / previous, previous / sample) > cfg.level_shift_factor:
+        above = sample > previous
+        pending = tuple(p for p in state.pending_shift if (p > previous) == above) + (sample,)
+        if len(pending) < cfg.level_shift_reports:
+            return dataclasses.replace(state, pending_shift=pending)  # suspected outlier: hold
+        level = math.exp(math.fsum(math.log(p) for p in pending) / len(pending))
+        return dataclasses.replace(
+            state, bandwidth_ewma=level, latency_ewma=m.latency_s, smoothed_at=now, pending_shift=()
+        )
+    w = _weight(state, cfg, now)
+    bandwidth = math.exp(math.log(previous) + w * (math.log(sample) - math.log(previous)))
+    latency = m.latency_s if state.latency_ewma is None else state.latency_ewma + w * (m.latency_s - state.latency_ewma)
+    return dataclasses.replace(
+        state, bandwidth_ewma=bandwidth, latency_ewma=latency, smoothed_at=now, pending_shift=()
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Steps 2-3: critical regime and quality guard
+# --------------------------------------------------------------------------------------------
+
+
+def _critical_regime(
+    state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float
+) -> tuple[str | None, PolicyState]:
+    """Why this report is in a critical regime (``None`` if it is not), and the new state."""
+    critical_until = state.critical_until
+    why = None
+    if m.grad_norm is not None and state.last_grad_norm:
+        change = abs(m.grad_norm - state.last_grad_norm) / state.last_grad_norm
+        if change >= cfg.critical_grad_change:
+            critical_until = now + cfg.critical_hold_s
+            why = f"gradient norm changed {change:.0%} since the last report"
+    if why is None and critical_until is not None and now < critical_until:
+        why = f"critical regime holds {critical_until - now:.0f} s more"
+    if why is None and m.step is not None and m.step < cfg.critical_initial_steps:
+        why = f"step {m.step} is within the first {cfg.critical_initial_steps} steps"
+    last_norm = m.grad_norm if m.grad_norm is not None else state.last_grad_norm
+    return why, dataclasses.replace(state, critical_until=critical_until, last_grad_norm=last_norm)
+
+
+def guard_failure(spec: CompressorSpec, cfg: PolicyConfig, critical: bool) -> str | None:
+    """Why ``spec`` fails the quality guard, or ``None`` when it passes (see step 3)."""
+    if spec.name not in cfg.allowed:
+        return f"{spec.name} is not among the allowed compressors"
+    if spec.name in LOW_RANK:
+        assert spec.rank is not None
+        low = cfg.critical_min_rank if critical else cfg.min_rank
+        if not low <= spec.rank <= cfg.max_rank:
+            regime = "in a critical regime " if critical else ""
+            return f"rank {spec.rank} is outside [{low}, {cfg.max_rank}] {regime}".rstrip()
+    elif critical and spec.name in _LOSSY_WITHOUT_RANK:
+        return f"{spec.name} is too lossy for a critical regime"
+    return None
+
+
+def _same_choice(a: CompressorSpec, b: CompressorSpec) -> bool:
+    return (a.name, a.rank, a.ratio) == (b.name, b.rank, b.ratio)
+
+
+def _adopt(candidate: CompressorSpec, current: CompressorSpec) -> CompressorSpec:
+    """The candidate with the current spec's common settings (the policy changes only the
+    compressor and its rank or ratio)."""
+    return dataclasses.replace(
+        candidate,
+        warmup_steps=current.warmup_steps,
+        min_compress_numel=current.min_compress_numel,
+        seed=current.seed,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Steps 4-5: prediction and hysteresis
+# --------------------------------------------------------------------------------------------
+
+
+def _rate(bytes_per_second: float) -> str:
+    bits = 8 * bytes_per_second
+    for unit, scale in (("Gb/s", 1e9), ("Mb/s", 1e6), ("kb/s", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.3g} {unit}"
+    return f"{bits:.3g} b/s"
+
+
+def _fastest(
+    options: Iterable[CompressorSpec], m: Measurements, link: Link
+) -> tuple[CompressorSpec, StepPrediction]:
+    """The fastest option; ``min`` keeps the first (least lossy) of equal ones."""
+    scored = [(spec, predict_step(spec, m.profile, m.world_size, link)) for spec in options]
+    return min(scored, key=lambda pair: pair[1].step_s)
+
+
+def decide(
+    state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float
+) -> tuple[Decision, PolicyState]:
+    """Keep the current compressor or switch; returns the decision and the next state."""
+    state = _smooth_link(state, m, cfg, now)
+    critical_why, state = _critical_regime(state, m, cfg, now)
+    assert state.bandwidth_ewma is not None and state.latency_ewma is not None
+    link = alpha_beta_from_bandwidth(state.bandwidth_ewma, state.latency_ewma)
+
+    pool = [_adopt(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
+    critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)
+    passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
+    current = predict_step(m.current, m.profile, m.world_size, link)
+    if not passing:
+        return Keep("no candidate passes the quality guard", current.step_s), state
+    best_spec, best = _fastest(passing, m, link)
+    context = f"at {_rate(state.bandwidth_ewma)}, {m.world_size} workers"
+    if critical:
+        context += f"; critical regime: {critical_why}"
+
+    failure = guard_failure(m.current, cfg, critical)
+    if failure is not None:
+        reason = f"quality guard: {failure}; {best.label} is the fastest that passes ({context})"
+        return _switch(best_spec, current, best, reason, state, now)
+    if _same_choice(best_spec, m.current):
+        return Keep(f"{current.label} is predicted fastest ({current.step_s:.4g} s/step, {context})", current.step_s), state
+
+    gain = (current.step_s - best.step_s) / current.step_s if current.step_s > 0 else 0.0
+    comparison = (
+        f"{best.label} predicted {best.step_s:.4g} s/step vs {current.label} "
+        f"{current.step_s:.4g} s/step ({gain:.1%} faster, {context})"
+    )
+    if gain <= cfg.gain_threshold:
+        return Keep(f"{comparison}; below the {cfg.gain_threshold:.0%} threshold", current.step_s), state
+    if state.last_switch_at is not None and now - state.last_switch_at < cfg.min_dwell_s:
+        waited = now - state.last_switch_at
+        return Keep(f"{comparison}; last switch {waited:.0f} s ago (min dwell {cfg.min_dwell_s:.0f} s)", current.step_s), state
+    return _switch(best_spec, current, best, comparison, state, now)
+
+
+def _switch(
+    spec: CompressorSpec,
+    current: StepPrediction,
+    best: StepPrediction,
+    reason: str,
+    state: PolicyState,
+    now: float,
+) -> tuple[Switch, PolicyState]:
+    gain = (current.step_s - best.step_s) / current.step_s if current.step_s > 0 else 0.0
+    decision = Switch(spec=spec, gain=gain, current_step_s=current.step_s, new_step_s=best.step_s, reason=reason)
+    return decision, dataclasses.replace(state, last_switch_at=now, switches=state.switches + 1)

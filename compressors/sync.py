@@ -1,0 +1,358 @@
+"""GradientSync: the DDP communication hook that runs a compressor on every bucket.
+
+It owns what is common to all compressors (design.md §7): registering the hook, turning a
+DDP bucket into per-parameter slots, driving the compressor's collectives asynchronously
+(chained futures, so buckets pipeline with backward and each bucket is decoded as soon as
+its collective completes), timing, byte counting, switching at a step boundary, carrying
+error feedback across a switch, and checkpoint state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from compressors.base import AllReduce, BucketJob, Collective, Compressor, GradSlot, from_spec
+from compressors.spec import ROUNDS_PER_STEP, spec_from_dict, spec_to_dict
+
+#: Most dependent collective rounds a compressor may use per bucket and step (PowerSGD: 2).
+MAX_ROUNDS = max(ROUNDS_PER_STEP.values())
+
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class GradientSyncError(RuntimeError):
+    """A compressor failed inside the communication hook; raised from ``backward()``."""
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """Cumulative counters for this rank (``GradientSync.stats()``)."""
+
+    steps: int = 0
+    bytes_sent: int = 0
+    compress_s: float = 0.0
+    communicate_s: float = 0.0
+    decompress_s: float = 0.0
+
+
+@dataclass
+class StepRecord:
+    """What the hook saw during one step; the worker's timer reads it (one timing mechanism).
+
+    ``last_bucket_at`` is when autograd handed over the last bucket, i.e. when backward's
+    compute ended; whatever backward() waits after that is exposed communication.
+    """
+
+    compressor: str
+    first_bucket_at: float = 0.0
+    last_bucket_at: float = 0.0
+    done_at: float = 0.0
+    buckets: int = 0
+    bytes_sent: int = 0
+    compress_s: float = 0.0
+    communicate_s: float = 0.0
+    decompress_s: float = 0.0
+    _open: int = field(default=0, repr=False)
+    _handed_last: bool = field(default=False, repr=False)
+
+
+class _OrderedRound:
+    """Issues one round's collectives in bucket order, whichever thread asks first.
+
+    Collectives are matched across ranks by the order they are issued on a process group.
+    Round 1 of every bucket is issued by the autograd thread inside the hook, in bucket
+    order on every rank. Later rounds (PowerSGD's Q all-reduce) are issued from completion
+    callbacks, whose order can differ between ranks, so each later round gets its own
+    process group and this queue, which issues bucket ``seq`` only after ``seq - 1``
+    issued (or declared it had nothing to send in this round).
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        self.group = group
+        self._next = 0
+        self._waiting: dict[int, Callable[[dist.ProcessGroup | None], None] | None] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, seq: int, launch: Callable[[dist.ProcessGroup | None], None] | None) -> None:
+        """Queue bucket ``seq``'s collective for this round (``None``: it has none)."""
+        with self._lock:
+            self._waiting[seq] = launch
+            while self._next in self._waiting:
+                ready = self._waiting.pop(self._next)
+                self._next += 1
+                if ready is not None:
+                    ready(self.group)
+
+
+class GradientSync:
+    """Runs ``compressor`` as the communication hook of a DDP model.
+
+    Usage::
+
+        sync = GradientSync(build("acpsgd", rank=4))
+        sync.install(ddp_model)
+        ...                      # train as usual
+        sync.switch(build("powersgd", rank=8))   # on every rank, between the same two steps
+    """
+
+    def __init__(self, compressor: Compressor, process_group: dist.ProcessGroup | None = None) -> None:
+        self._compressor = compressor
+        self._pending: Compressor | None = None
+        self.process_group = process_group
+        self._names: dict[int, str] = {}
+        self._carry: dict[str, torch.Tensor] = {}
+        self._stats = SyncStats()
+        self._lock = threading.Lock()
+        self._current: StepRecord | None = None
+        self._last: StepRecord | None = None
+        self._error: BaseException | None = None
+        self._bucket_seq = 0
+        self._later_rounds: list[_OrderedRound] = []
+        #: Called with each finished StepRecord (from whichever thread finished it).
+        self.on_step: Callable[[StepRecord], None] | None = None
+
+    # -- public API ------------------------------------------------------------------
+    @property
+    def compressor(self) -> Compressor:
+        """The compressor in force (a pending switch shows from the next step)."""
+        return self._compressor
+
+    def install(self, ddp_model: DistributedDataParallel) -> "GradientSync":
+        """Register the hook on a DDP-wrapped model. Call once, before the first backward."""
+        if not isinstance(ddp_model, DistributedDataParallel):
+            raise TypeError(f"install() needs a DistributedDataParallel model, got {type(ddp_model).__name__}")
+        self._names = {param.data_ptr(): name for name, param in ddp_model.module.named_parameters() if param.requires_grad}
+        self._later_rounds = [_OrderedRound(self._new_group()) for _ in range(MAX_ROUNDS - 1)]
+        self._bucket_seq = 0
+        ddp_model.register_comm_hook(self, _comm_hook)
+        return self
+
+    def _new_group(self) -> dist.ProcessGroup | None:
+        """A process group over the same ranks (collective: every rank calls install())."""
+        if dist.get_world_size(self.process_group) == 1:
+            return self.process_group
+        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
+        return dist.new_group(ranks=ranks, backend=dist.get_backend(self.process_group))
+
+    def switch(self, compressor: Compressor) -> None:
+        """Use ``compressor`` from the next backward on. Call on every rank between the same steps."""
+        self._pending = compressor
+
+    def stats(self) -> SyncStats:
+        with self._lock:
+            return self._stats
+
+    def last_step(self) -> StepRecord | None:
+        """The record of the last step whose communication completed."""
+        return self._last
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: compressor spec and state, carried residuals, stats."""
+        compressor = self._pending or self._compressor
+        return {
+            "spec": spec_to_dict(compressor.spec),
+            "compressor": compressor.state_dict(),
+            "carry": {key: value.detach().cpu().clone() for key, value in self._carry.items()},
+            "stats": asdict(self.stats()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, device: torch.device | None = None) -> None:
+        """Restore a :meth:`state_dict`; the compressor in force becomes the saved one."""
+        compressor = from_spec(spec_from_dict(state["spec"]))
+        compressor.load_state_dict(_to_device(state["compressor"], device))
+        self._compressor, self._pending = compressor, None
+        self._carry = {key: value.to(device) if device else value for key, value in state.get("carry", {}).items()}
+        with self._lock:
+            self._stats = SyncStats(**state.get("stats", {}))
+
+    # -- the hook ----------------------------------------------------------------------
+    def _on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+        now = time.perf_counter()
+        if self._current is None:
+            self._begin_step(now)
+        record = self._current
+        assert record is not None
+        seq, self._bucket_seq = self._bucket_seq, self._bucket_seq + 1
+        record.buckets += 1
+        record._open += 1
+        if bucket.is_last():
+            record.last_bucket_at = now
+            record._handed_last = True
+            self._current = None
+        try:
+            slots = self._slots(bucket, buffer)
+            for slot in slots:
+                carried = self._carry.pop(slot.key, None)
+                if carried is not None:
+                    slot.grad.add_(carried)
+            world_size = dist.get_world_size(self.process_group)
+            job = self._compressor.process(buffer, slots, world_size)
+        except BaseException as exc:  # noqa: BLE001 - reported through the future, never swallowed
+            self._fail(result, record, exc, _Flight(seq, bucket.index()))
+            return result
+        if bucket.is_last():
+            self._compressor.end_step()
+        self._advance(job, None, result, buffer, record, _Flight(seq, bucket.index()))
+        return result
+
+    def _begin_step(self, now: float) -> None:
+        if self._pending is not None:
+            # Error feedback of the old compressor is added to the next gradients, so a
+            # switch loses no gradient mass.
+            for key, residual in self._compressor.take_residuals().items():
+                self._carry[key] = residual
+            self._compressor, self._pending = self._pending, None
+        self._current = StepRecord(compressor=self._compressor.label, first_bucket_at=now)
+
+    def _slots(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> list[GradSlot]:
+        slots: list[GradSlot] = []
+        offset = 0
+        for param in bucket.parameters():
+            size = param.numel()
+            key = self._names.get(param.data_ptr())
+            if key is None:
+                raise GradientSyncError("a bucket holds a parameter the model did not name; call install() on this model")
+            slots.append(GradSlot(key=key, grad=buffer[offset : offset + size].view(param.shape), offset=offset))
+            offset += size
+        if offset != buffer.numel():
+            raise GradientSyncError(f"bucket layout: parameters cover {offset} of {buffer.numel()} elements")
+        return slots
+
+    def _advance(
+        self,
+        job: BucketJob,
+        value: torch.Tensor | None,
+        result: torch.futures.Future,
+        buffer: torch.Tensor,
+        record: StepRecord,
+        flight: "_Flight",
+    ) -> None:
+        """Run the compressor up to its next collective, launch it, and continue when it completes."""
+        started = time.perf_counter()
+        try:
+            request = job.send(value)  # type: ignore[arg-type]
+        except StopIteration:
+            self._add(record, decompress_s=time.perf_counter() - started)
+            self._finish(result, record, buffer, flight)
+            return
+        except BaseException as exc:  # noqa: BLE001 - reported through the future, never swallowed
+            self._fail(result, record, exc, flight)
+            return
+        self._add(record, compress_s=time.perf_counter() - started)
+        round_index, flight.rounds = flight.rounds, flight.rounds + 1
+        if round_index >= MAX_ROUNDS:
+            self._fail(result, record, GradientSyncError(f"more than {MAX_ROUNDS} collective rounds in one step"), flight)
+            return
+
+        def launch(group: dist.ProcessGroup | None) -> None:
+            launched = time.perf_counter()
+            try:
+                future, received = self._launch(request, record, group)
+            except BaseException as exc:  # noqa: BLE001
+                self._fail(result, record, exc, flight)
+                return
+
+            def on_done(done: torch.futures.Future) -> None:
+                self._add(record, communicate_s=time.perf_counter() - launched)
+                try:
+                    done.value()  # raises if the collective failed
+                except BaseException as exc:  # noqa: BLE001
+                    job.close()
+                    self._fail(result, record, exc, flight)
+                    return
+                self._advance(job, received, result, buffer, record, flight)
+
+            # .then() (not add_done_callback) so CUDA streams are synchronised for the callback.
+            future.then(on_done)
+
+        if round_index == 0:
+            launch(self.process_group)
+        else:
+            self._later_rounds[round_index - 1].submit(flight.seq, launch)
+
+    def _launch(
+        self, request: Collective, record: StepRecord, group: dist.ProcessGroup | None
+    ) -> tuple[torch.futures.Future, torch.Tensor]:
+        """Start the collective; return its future and the tensor that will hold its result."""
+        tensor = request.tensor
+        self._add(record, bytes_sent=tensor.numel() * tensor.element_size())
+        if isinstance(request, AllReduce):
+            work = dist.all_reduce(tensor, group=group, async_op=True)
+            return work.get_future(), tensor
+        world_size = dist.get_world_size(group)
+        gathered = torch.empty((world_size, tensor.numel()), dtype=tensor.dtype, device=tensor.device)
+        work = _all_gather_single(gathered.view(-1), tensor, group=group, async_op=True)
+        return work.get_future(), gathered
+
+    def _release_later_rounds(self, flight: "_Flight") -> None:
+        """Tell the later rounds' queues this bucket sends nothing more this step."""
+        for round_index in range(max(flight.rounds, 1), MAX_ROUNDS):
+            self._later_rounds[round_index - 1].submit(flight.seq, None)
+        flight.rounds = MAX_ROUNDS
+
+    def _add(self, record: StepRecord, **amounts: float) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                setattr(record, name, getattr(record, name) + amount)
+            self._stats = replace(self._stats, **{name: getattr(self._stats, name) + amount for name, amount in amounts.items()})
+
+    def _finish(self, result: torch.futures.Future, record: StepRecord, buffer: torch.Tensor, flight: "_Flight") -> None:
+        self._release_later_rounds(flight)
+        with self._lock:
+            record._open -= 1
+            step_done = record._handed_last and record._open == 0
+            if step_done:
+                record.done_at = time.perf_counter()
+                self._stats = replace(self._stats, steps=self._stats.steps + 1)
+        if step_done:
+            self._last = record
+            if self.on_step is not None:
+                self.on_step(record)
+        result.set_result(buffer)
+
+    def _fail(self, result: torch.futures.Future, record: StepRecord, exc: BaseException, flight: "_Flight") -> None:
+        if self._later_rounds:
+            self._release_later_rounds(flight)
+        with self._lock:
+            record._open -= 1
+        error = GradientSyncError(f"{self._compressor.label} failed on bucket {flight.bucket_index}: {exc!r}")
+        error.__cause__ = exc
+        self._error = error
+        result.set_exception(error)
+
+
+@dataclass
+class _Flight:
+    """One bucket's journey through its collectives in one step."""
+
+    seq: int  # position of this bucket among all buckets since install(): same on every rank
+    bucket_index: int
+    rounds: int = 0  # collectives issued so far
+
+
+def _comm_hook(sync, bucket):  # type: ignore[no-untyped-def]
+    """DDP's ``(state, bucket) -> Future[Tensor]`` hook, bound to a GradientSync.
+
+    Left unannotated on purpose: DDP inspects the annotations and rejects the string
+    form that ``from __future__ import annotations`` would give them.
+    """
+    return sync._on_bucket(bucket)
+
+
+def _to_device(state: Any, device: torch.device | None) -> Any:
+    if device is None:
+        return state
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {key: _to_device(value, device) for key, value in state.items()}
+    return state
