@@ -169,7 +169,8 @@ def _smooth_link(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: fl
     """Fold this report's bandwidth and latency into the averages (see step 1)."""
     sample = m.bandwidth_bytes_per_second
     previous = state.bandwidth_ewma
-    if previous is None:
+    if previous is None or math.isinf(sample) or math.isinf(previous):
+        # First report, or no link at all (one worker: the probe reports infinite bandwidth).
         return dataclasses.replace(
             state, bandwidth_ewma=sample, latency_ewma=m.latency_s, smoothed_at=now, pending_shift=()
         )
@@ -284,6 +285,8 @@ def decide(
     context = f"at {_rate(state.bandwidth_ewma)}, {m.world_size} workers"
     if critical:
         context += f"; critical regime: {critical_why}"
+    elif critical_why is not None:
+        context += f"; critical regime ({critical_why}) ignored: no allowed option passes its guard"
 
     failure = guard_failure(m.current, cfg, critical)
     if failure is not None:
@@ -292,7 +295,7 @@ def decide(
     if _same_choice(best_spec, m.current):
         return Keep(f"{current.label} is predicted fastest ({current.step_s:.4g} s/step, {context})", current.step_s), state
 
-    gain = (current.step_s - best.step_s) / current.step_s if current.step_s > 0 else 0.0
+    gain = _gain(current, best)
     comparison = (
         f"{best.label} predicted {best.step_s:.4g} s/step vs {current.label} "
         f"{current.step_s:.4g} s/step ({gain:.1%} faster, {context})"
@@ -305,6 +308,11 @@ def decide(
     return _switch(best_spec, current, best, comparison, state, now)
 
 
+def _gain(current: StepPrediction, best: StepPrediction) -> float:
+    """Fraction of the current step time that ``best`` is predicted to save."""
+    return (current.step_s - best.step_s) / current.step_s if current.step_s > 0 else 0.0
+
+
 def _switch(
     spec: CompressorSpec,
     current: StepPrediction,
@@ -313,6 +321,5 @@ def _switch(
     state: PolicyState,
     now: float,
 ) -> tuple[Switch, PolicyState]:
-    gain = (current.step_s - best.step_s) / current.step_s if current.step_s > 0 else 0.0
-    decision = Switch(spec=spec, gain=gain, current_step_s=current.step_s, new_step_s=best.step_s, reason=reason)
+    decision = Switch(spec=spec, gain=_gain(current, best), current_step_s=current.step_s, new_step_s=best.step_s, reason=reason)
     return decision, dataclasses.replace(state, last_switch_at=now, switches=state.switches + 1)

@@ -1,0 +1,197 @@
+"""The adaptive policy on synthetic bandwidth traces with a fake clock (plain floats)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from typing import Callable, Optional
+
+import pytest
+
+from compressors.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, predict_step
+from compressors.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
+from compressors.spec import CompressorSpec, make_spec
+
+GBIT10 = 1.25e9  # bytes/s
+MBIT50 = 6.25e6
+LATENCY = 1e-4
+WORKERS = 4
+REPORT_EVERY = 2.0
+
+SHAPES = [(1024, 1024), (1024,)] * 4 + [(10, 1024), (10,)]
+# A slow codec (2 ns an element pass): compression costs >10 % at 10 Gb/s and pays at 50 Mb/s.
+PROFILE = StepProfile.build(
+    SHAPES, forward_s=0.03, backward_s=0.06, optimizer_s=0.005, bucket_cap_bytes=4 * 2**20,
+    default_codec=ElementCost(per_element_s=2e-9, fixed_s=50e-6),
+)
+CFG = PolicyConfig(allowed=("none", "fp16", "powersgd", "acpsgd"), critical_initial_steps=0)
+UNCOMPRESSED = {"none", "fp16", "bf16"}
+
+
+def measure(bandwidth: float, current: CompressorSpec, grad_norm: float | None = None, step: int | None = None) -> Measurements:
+    return Measurements(bandwidth, LATENCY, WORKERS, PROFILE, current, grad_norm=grad_norm, step=step)
+
+
+def run_trace(
+    bandwidth_at: Callable[[float], float],
+    until: float,
+    current: CompressorSpec = make_spec("none"),
+    cfg: PolicyConfig = CFG,
+    grad_norm_at: Callable[[float], Optional[float]] = lambda t: None,
+) -> tuple[list[tuple[float, Switch]], CompressorSpec]:
+    """Feed one report every REPORT_EVERY seconds; the workers apply each Switch at once."""
+    state = PolicyState()
+    switches = []
+    now = 0.0
+    while now <= until:
+        decision, state = decide(state, measure(bandwidth_at(now), current, grad_norm_at(now)), cfg, now)
+        if isinstance(decision, Switch):
+            switches.append((now, decision))
+            current = decision.spec
+        now += REPORT_EVERY
+    return switches, current
+
+
+def test_profile_makes_the_scenario_meaningful():
+    fast, slow = alpha_beta_from_bandwidth(GBIT10, LATENCY), alpha_beta_from_bandwidth(MBIT50, LATENCY)
+    none, acp = make_spec("none"), make_spec("acpsgd", rank=1)
+    assert predict_step(none, PROFILE, WORKERS, fast).step_s < 0.9 * predict_step(acp, PROFILE, WORKERS, fast).step_s
+    assert predict_step(none, PROFILE, WORKERS, slow).step_s > 10 * predict_step(acp, PROFILE, WORKERS, slow).step_s
+
+
+def test_steady_fast_link_keeps_no_compression():
+    switches, current = run_trace(lambda t: GBIT10, until=120)
+    assert switches == [] and current.name == "none"
+
+
+def test_bandwidth_collapse_switches_to_low_rank_and_recovery_switches_back_after_dwell():
+    collapse, recovery = 60.0, 70.0
+    trace = lambda t: MBIT50 if collapse <= t < recovery else GBIT10  # noqa: E731
+    switches, current = run_trace(trace, until=200)
+    assert len(switches) == 2
+    (t1, down), (t2, up) = switches
+    assert collapse <= t1 <= collapse + 2 * REPORT_EVERY  # confirmed by the second slow report
+    assert down.spec.name in ("acpsgd", "powersgd") and down.gain > 0.5
+    assert down.new_step_s < down.current_step_s
+    assert "50 Mb/s" in down.reason
+    assert t2 >= t1 + CFG.min_dwell_s  # the link recovered at 70 s; the dwell holds until 90 s
+    assert up.spec.name in UNCOMPRESSED and current.name in UNCOMPRESSED
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("exponent", [6.5, 7.0, 7.25, 7.5, 7.75, 8.0, 8.5, 9.0, 9.5])
+def test_noisy_bandwidth_does_not_flap(seed: int, exponent: float):
+    rng = random.Random(seed)
+    level = 10**exponent
+    switches, _ = run_trace(lambda t: level * rng.uniform(0.7, 1.3), until=900)
+    assert len(switches) <= 1, [(t, s.spec.label) for t, s in switches]
+
+
+def test_single_outlier_report_is_ignored():
+    switches, _ = run_trace(lambda t: MBIT50 if t == 40 else GBIT10, until=120)
+    assert switches == []
+
+
+def test_critical_regime_raises_the_rank_then_returns():
+    current = make_spec("acpsgd", rank=1)
+    norms = {20.0: 10.0}  # the gradient norm doubles at t = 20 s, otherwise stays at 5
+    cfg = dataclasses.replace(CFG, gain_threshold=0.02)  # rank 1 is only a few % faster than 4
+    switches, final = run_trace(
+        lambda t: MBIT50, until=200, current=current, cfg=cfg, grad_norm_at=lambda t: norms.get(t, 5.0)
+    )
+    (t1, up), *rest = switches
+    assert t1 == 20.0
+    assert up.spec.name == "acpsgd" and up.spec.rank >= CFG.critical_min_rank == 4
+    assert up.gain < 0  # quality first: slower, yet taken
+    assert "critical" in up.reason and "gradient norm" in up.reason
+    # The norm drops back at 22 s (another change): the regime holds until 52 s; after it and
+    # the dwell the policy returns to the fastest low rank.
+    t2, down = rest[-1]
+    assert t2 >= 22.0 + CFG.critical_hold_s and down.spec.rank == 1 and final.rank == 1
+
+
+def test_first_steps_are_critical():
+    cfg = dataclasses.replace(CFG, critical_initial_steps=100, min_rank=2)
+    current = make_spec("acpsgd", rank=2)
+    decision, _ = decide(PolicyState(), measure(MBIT50, current, step=10), cfg, 0.0)
+    assert isinstance(decision, Switch) and decision.spec.rank == 8
+    assert "step 10" in decision.reason
+    decision, _ = decide(PolicyState(), measure(MBIT50, current, step=500), cfg, 0.0)
+    assert isinstance(decision, Keep)
+
+
+def test_critical_regime_excludes_topk_and_signsgd():
+    cfg = dataclasses.replace(CFG, allowed=("none", "topk", "signsgd"), critical_initial_steps=100)
+    decision, _ = decide(PolicyState(), measure(MBIT50, make_spec("topk", ratio=0.001), step=0), cfg, 0.0)
+    assert isinstance(decision, Switch) and decision.spec.name == "none"
+    only_lossy = dataclasses.replace(cfg, allowed=("topk",))  # nothing passes: ordinary guard
+    decision, _ = decide(PolicyState(), measure(MBIT50, make_spec("topk", ratio=0.01), step=0), only_lossy, 0.0)
+    assert isinstance(decision, Switch) and decision.spec.label == "topk-0.001"
+    assert "ignored: no allowed option passes its guard" in decision.reason
+
+
+def slow_link_state(last_switch_at: float | None) -> PolicyState:
+    return PolicyState(bandwidth_ewma=MBIT50, latency_ewma=LATENCY, smoothed_at=0.0, last_switch_at=last_switch_at)
+
+
+def test_min_dwell_is_respected():
+    state = slow_link_state(last_switch_at=0.0)
+    decision, state = decide(state, measure(MBIT50, make_spec("none")), CFG, 10.0)
+    assert isinstance(decision, Keep) and "min dwell 30 s" in decision.reason
+    decision, state = decide(state, measure(MBIT50, make_spec("none")), CFG, 29.9)
+    assert isinstance(decision, Keep)
+    decision, state = decide(state, measure(MBIT50, make_spec("none")), CFG, 30.0)
+    assert isinstance(decision, Switch)
+    assert state.last_switch_at == 30.0 and state.switches == 1
+
+
+def test_gain_threshold_is_respected():
+    current = make_spec("acpsgd", rank=4)
+    first, _ = decide(slow_link_state(None), measure(MBIT50, current), dataclasses.replace(CFG, gain_threshold=0.0), 1.0)
+    assert isinstance(first, Switch)
+    gain = first.gain
+    assert 0.02 < gain < 0.5
+    assert gain == pytest.approx((first.current_step_s - first.new_step_s) / first.current_step_s)
+    above = dataclasses.replace(CFG, gain_threshold=gain + 0.01)
+    decision, _ = decide(slow_link_state(None), measure(MBIT50, current), above, 1.0)
+    assert isinstance(decision, Keep) and "threshold" in decision.reason
+    below = dataclasses.replace(CFG, gain_threshold=gain - 0.01)
+    decision, _ = decide(slow_link_state(None), measure(MBIT50, current), below, 1.0)
+    assert isinstance(decision, Switch) and decision.spec == first.spec
+
+
+def test_rank_outside_bounds_is_fixed_at_once_and_settings_are_kept():
+    cfg = dataclasses.replace(CFG, min_rank=2, max_rank=16)
+    current = make_spec("acpsgd", rank=1, seed=7, min_compress_numel=100)
+    decision, _ = decide(slow_link_state(last_switch_at=0.0), measure(MBIT50, current), cfg, 1.0)
+    assert isinstance(decision, Switch) and decision.spec.rank == 2  # within the dwell
+    assert (decision.spec.seed, decision.spec.min_compress_numel) == (7, 100)
+    assert "quality guard" in decision.reason
+
+
+def test_decide_is_pure():
+    state = slow_link_state(None)
+    m = measure(MBIT50, make_spec("none"), grad_norm=3.0)
+    assert decide(state, m, CFG, 5.0) == decide(state, m, CFG, 5.0)
+
+
+def test_one_worker_with_infinite_bandwidth_keeps_no_compression():
+    state = PolicyState()
+    for now in (0.0, 2.0, 4.0):
+        m = Measurements(math.inf, 0.0, 1, PROFILE, make_spec("none"))
+        decision, state = decide(state, m, CFG, now)
+        assert isinstance(decision, Keep) and state.bandwidth_ewma == math.inf
+    m = Measurements(math.inf, 0.0, 1, PROFILE, make_spec("acpsgd", rank=4))
+    decision, _ = decide(state, m, CFG, 6.0)
+    assert isinstance(decision, Switch) and decision.spec.name == "none"
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="^allowed"):
+        PolicyConfig(allowed=("zip",))
+    with pytest.raises(ValueError, match="^min_rank"):
+        PolicyConfig(min_rank=8, max_rank=4)
+    with pytest.raises(ValueError, match="^gain_threshold"):
+        PolicyConfig(gain_threshold=-0.1)
+    assert PolicyConfig(min_rank=4, max_rank=8).critical_min_rank == 8
