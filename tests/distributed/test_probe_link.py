@@ -1,0 +1,82 @@
+"""The active probe on real gloo process groups: ranks agree, and it measures a known link."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import run_ranks
+from workers.probe import LinkEstimate, probe_link
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.testbed import Testbed, worker_env  # noqa: E402
+
+LINK_MBIT = 200.0
+
+# One rank of a probe across the testbed; prints its estimate as JSON.
+PROBE_RANK = """
+import json, sys
+from datetime import timedelta
+import torch.distributed as dist
+from workers.probe import probe_link
+init, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+est = probe_link()
+dist.destroy_process_group()
+print(json.dumps(est.to_dict()))
+"""
+
+
+def _probe_rank(rank: int, world_size: int) -> dict:
+    return probe_link().to_dict()
+
+
+def test_ranks_agree_on_one_estimate_over_loopback() -> None:
+    first, second = run_ranks(_probe_rank, 2, timeout=120)
+    assert first == second
+    est = LinkEstimate(**first)
+    assert est.world_size == 2 and est.has_link
+    assert 0 < est.bandwidth_bytes_per_second < math.inf
+    assert est.alpha_s >= 0 and est.cost_s > 0
+    assert est.latency_s == pytest.approx(2 * est.alpha_s)
+
+
+def test_one_worker_group_returns_without_timing() -> None:
+    (only,) = run_ranks(_probe_rank, 1, timeout=120)
+    assert only["world_size"] == 1 and only["cost_s"] == 0.0
+    assert only["bandwidth_bytes_per_second"] is None  # infinite, written as null
+
+
+@pytest.fixture(scope="module")
+def testbed_ok() -> None:
+    ok, why = Testbed.available()
+    if not ok:
+        pytest.skip(f"network namespaces unavailable: {why}")
+
+
+@pytest.mark.slow
+def test_probe_measures_a_link_of_known_rate_within_30_percent(testbed_ok: None) -> None:
+    with Testbed(hosts=2, mbit=LINK_MBIT) as tb:
+        init = f"tcp://{tb.address(0)}:29511"
+        procs = [
+            tb.run(i, [sys.executable, "-c", PROBE_RANK, init, str(i), "2"], env=worker_env(tb, i),
+                   cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)
+        ]
+        results = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0] == results[1], "ranks must see rank 0's estimate"
+    seen_mbit = results[0]["bandwidth_bytes_per_second"] * 8 / 1e6
+    assert abs(seen_mbit - LINK_MBIT) / LINK_MBIT <= 0.3, f"probe saw {seen_mbit:.1f} Mbit/s on a {LINK_MBIT} link"
+    assert results[0]["cost_s"] < 5.0

@@ -1,0 +1,241 @@
+"""The α-β fit, the 2%-budget probe schedule on a fake clock, and the passive estimator."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from workers.probe import (
+    DEFAULT_SIZES,
+    LinkEstimate,
+    PassiveBandwidth,
+    ProbeScheduler,
+    all_reduce_seconds,
+    fit_alpha_beta,
+    probe_link,
+    ring_coefficients,
+)
+
+MB = 1e6
+
+
+# --------------------------------------------------------------------------- the fit
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8, 64])
+@pytest.mark.parametrize("alpha, bandwidth", [(50e-6, 12.5 * MB), (5e-6, 1.25e9), (1e-3, 1 * MB)])
+def test_two_sizes_recover_alpha_and_beta_exactly(world_size: int, alpha: float, bandwidth: float) -> None:
+    beta = 1 / bandwidth
+    times = [all_reduce_seconds(b, world_size, alpha, beta) for b in DEFAULT_SIZES]
+    got_alpha, got_beta = fit_alpha_beta(DEFAULT_SIZES, times, world_size)
+    assert got_alpha == pytest.approx(alpha, rel=1e-9)
+    assert got_beta == pytest.approx(beta, rel=1e-9)
+
+
+def test_many_noisy_sizes_recover_alpha_and_beta_closely() -> None:
+    rng = random.Random(0)
+    alpha, beta, n = 80e-6, 1 / (25 * MB), 4
+    sizes = [2**k for k in range(12, 24)] * 5
+    times = [all_reduce_seconds(b, n, alpha, beta) * rng.uniform(0.98, 1.02) for b in sizes]
+    got_alpha, got_beta = fit_alpha_beta(sizes, times, n)
+    assert got_beta == pytest.approx(beta, rel=0.02)
+    assert got_alpha == pytest.approx(alpha, rel=0.5)  # latency is a small share of these times
+
+
+def test_large_no_slower_than_small_gives_a_bandwidth_lower_bound() -> None:
+    # A link too fast for these sizes: noise made the large transfer the quicker one.
+    alpha, beta = fit_alpha_beta([4096, 4 << 20], [2e-4, 1.9e-4], 2)
+    assert alpha == 0.0
+    assert beta == pytest.approx(1.9e-4 / (4 << 20))
+
+
+def test_negative_intercept_is_clamped_to_zero_latency() -> None:
+    sizes = [1 << 20, 2 << 20]
+    alpha, beta = fit_alpha_beta(sizes, [0.9e-2, 2.0e-2], 2)
+    assert alpha == 0.0
+    assert beta > 0
+    # refitted through the origin (n = 2: x = b), so between the two points' own t/b
+    assert 0.9e-2 / sizes[0] <= beta <= 2.0e-2 / sizes[1]
+
+
+@pytest.mark.parametrize(
+    "sizes, times, n, match",
+    [
+        ([4096, 4096], [1e-4, 1e-4], 2, "two distinct"),
+        ([4096], [1e-4], 2, "two distinct"),
+        ([4096, 8192], [0.0, 1e-4], 2, "positive"),
+        ([4096, 8192], [1e-4, 2e-4], 1, "world_size"),
+    ],
+)
+def test_fit_rejects_unusable_input(sizes: list[int], times: list[float], n: int, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        fit_alpha_beta(sizes, times, n)
+
+
+def test_ring_coefficients_follow_the_time_model() -> None:
+    assert ring_coefficients("all_reduce", 4) == (6.0, 1.5)
+    assert ring_coefficients("all_gather", 4) == (3.0, 3.0)
+    with pytest.raises(ValueError, match="kind"):
+        ring_coefficients("broadcast", 4)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the estimate
+
+
+def test_estimate_derives_bandwidth_and_latency() -> None:
+    est = LinkEstimate.from_fit(1e-4, 1e-8, 4, measured_at=123.0, cost_s=0.5)
+    assert est.bandwidth_bytes_per_second == pytest.approx(1e8)
+    assert est.latency_s == pytest.approx(6e-4)  # 2(n-1)·α: a zero-byte all-reduce
+    assert est.all_reduce_seconds(1e6) == pytest.approx(6e-4 + 1.5e6 * 1e-8)
+    assert est.has_link
+
+
+def test_no_link_is_free_and_infinite_and_serialises_to_json() -> None:
+    est = LinkEstimate.no_link(measured_at=1.0)
+    assert (est.alpha_s, est.beta_s_per_byte, est.latency_s, est.cost_s) == (0.0, 0.0, 0.0, 0.0)
+    assert math.isinf(est.bandwidth_bytes_per_second)
+    assert est.all_reduce_seconds(1e9) == 0.0
+    assert not est.has_link
+    assert json.loads(json.dumps(est.to_dict(), allow_nan=False))["bandwidth_bytes_per_second"] is None
+
+
+def test_probe_without_a_process_group_returns_no_link_without_timing() -> None:
+    est = probe_link()
+    assert not est.has_link and est.cost_s == 0.0 and math.isinf(est.bandwidth_bytes_per_second)
+
+
+def test_probe_rejects_bad_repeats() -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        probe_link(repeats=0)
+
+
+# --------------------------------------------------------------------------- the scheduler
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def simulate(scheduler: ProbeScheduler, run_s: float, probe_cost_s: float, step_s: float = 0.5) -> list[float]:
+    """A training run that asks before every step; return the elapsed times of the probes."""
+    clock, probes = FakeClock(), []
+    while clock.t < run_s:
+        if scheduler.due(now=clock.t, elapsed_s=clock.t):
+            probes.append(clock.t)
+            clock.advance(probe_cost_s)
+            scheduler.record(now=clock.t, cost_s=probe_cost_s)
+            assert scheduler.probes == 1 or scheduler.total_cost_s <= 0.02 * clock.t + 1e-9
+        clock.advance(step_s)
+    return probes
+
+
+def test_first_probe_is_due_at_start() -> None:
+    assert ProbeScheduler(probe_interval_s=30).due(now=0.0, elapsed_s=0.0)
+
+
+def test_cheap_probes_follow_the_interval() -> None:
+    probes = simulate(ProbeScheduler(probe_interval_s=30), run_s=600, probe_cost_s=0.1)
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes[0] == 0.0
+    assert len(probes) == pytest.approx(600 / 30, abs=1)
+    assert all(30 <= g <= 31 for g in gaps)
+
+
+def test_expensive_probes_are_held_to_two_percent_of_run_time() -> None:
+    sched = ProbeScheduler(probe_interval_s=10)
+    probes = simulate(sched, run_s=3600, probe_cost_s=2.0)
+    assert sched.total_cost_s <= 0.02 * 3600 + 2.0  # the start probe is the only overshoot
+    assert sched.total_cost_s >= 0.02 * 3600 - 2 * 2.0  # and the budget is actually used
+    assert probes[1] >= 2 * 2.0 / 0.02 - 2.0  # the second waits until two probes are earned
+
+
+def test_not_due_inside_the_interval_even_with_budget() -> None:
+    sched = ProbeScheduler(probe_interval_s=60)
+    sched.record(now=100.0, cost_s=0.0)
+    assert not sched.due(now=159.9, elapsed_s=1e6)
+    assert sched.due(now=160.0, elapsed_s=1e6)
+
+
+def test_budget_blocks_until_earned_and_says_when() -> None:
+    sched = ProbeScheduler(probe_interval_s=1, max_cost_fraction=0.02)
+    sched.record(now=1.0, cost_s=1.0)
+    assert sched.earliest_elapsed_for_next() == pytest.approx(100.0)
+    assert not sched.due(now=99.0, elapsed_s=99.0)
+    assert sched.due(now=100.0, elapsed_s=100.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"probe_interval_s": 0}, {"max_cost_fraction": 0}, {"max_cost_fraction": 1.5}])
+def test_scheduler_validates_its_config(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        ProbeScheduler(**kwargs)
+
+
+def test_scheduler_rejects_negative_cost() -> None:
+    with pytest.raises(ValueError, match="cost_s"):
+        ProbeScheduler().record(now=0.0, cost_s=-1.0)
+
+
+# --------------------------------------------------------------------------- the passive estimate
+
+
+def test_passive_recovers_bandwidth_from_the_ring_formula() -> None:
+    alpha, bandwidth, n = 100e-6, 50 * MB, 4
+    est = PassiveBandwidth()
+    est.anchor(LinkEstimate.from_fit(alpha, 1 / bandwidth, n, measured_at=0.0, cost_s=0.1))
+    for nbytes in (1 << 20, 8 << 20, 25 << 20):
+        assert est.observe(nbytes, all_reduce_seconds(nbytes, n, alpha, 1 / bandwidth), "all_reduce", n)
+    assert est.bytes_per_second == pytest.approx(bandwidth, rel=1e-9)
+    assert est.trend() == pytest.approx(1.0)
+
+
+def test_passive_all_gather_uses_its_own_formula() -> None:
+    bandwidth, n, shard = 20 * MB, 4, 4 << 20
+    est = PassiveBandwidth()
+    assert est.observe(shard, (n - 1) * shard / bandwidth, "all_gather", n)
+    assert est.bytes_per_second == pytest.approx(bandwidth)
+
+
+def test_passive_ignores_small_single_worker_and_latency_only_observations() -> None:
+    est = PassiveBandwidth(min_bytes=256 * 1024)
+    est.anchor(LinkEstimate.from_fit(1e-3, 1e-8, 2, measured_at=0.0, cost_s=0.1))
+    assert not est.observe(4096, 1e-3, "all_reduce", 2)  # too small
+    assert not est.observe(1 << 20, 0.1, "all_reduce", 1)  # no link
+    assert not est.observe(1 << 20, 1e-3, "all_reduce", 2)  # not slower than latency
+    assert not est.observe(1 << 20, 0.0, "all_reduce", 2)
+    assert est.bytes_per_second is None and est.observations == 0 and est.trend() is None
+
+
+def test_passive_ewma_follows_a_drop_and_signals_the_trend() -> None:
+    n, nbytes = 2, 8 << 20
+    est = PassiveBandwidth(smoothing=0.3)
+    est.anchor(LinkEstimate.from_fit(0.0, 1 / (100 * MB), n, measured_at=0.0, cost_s=0.1))
+    for _ in range(20):
+        est.observe(nbytes, nbytes / (100 * MB), "all_reduce", n)
+    est.observe(nbytes, nbytes / (10 * MB), "all_reduce", n)
+    after_one = est.bytes_per_second
+    assert after_one is not None and 10 * MB < after_one < 100 * MB  # smoothed, not jumped
+    for _ in range(30):
+        est.observe(nbytes, nbytes / (10 * MB), "all_reduce", n)
+    assert est.bytes_per_second == pytest.approx(10 * MB, rel=0.01)
+    assert est.trend() == pytest.approx(0.1, rel=0.01)
+
+
+def test_passive_averages_time_per_byte_not_bandwidth() -> None:
+    est = PassiveBandwidth(smoothing=0.5)
+    nbytes = 1 << 20
+    est.observe(nbytes, nbytes / (1000 * MB), "all_reduce", 2)
+    est.observe(nbytes, nbytes / (10 * MB), "all_reduce", 2)
+    # β average of 1/1000 and 1/10 (per MB): ~19.8 MB/s, where a bandwidth average says 505
+    assert est.bytes_per_second == pytest.approx(2 / (1 / 1000 + 1 / 10) * MB)
+
+
+def test_passive_validates_smoothing() -> None:
+    with pytest.raises(ValueError, match="smoothing"):
+        PassiveBandwidth(smoothing=0.0)

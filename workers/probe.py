@@ -1,0 +1,359 @@
+"""How fast is the link? An active α-β probe, a budgeted schedule for it, a passive estimate.
+
+The cost model (``compressors/costmodel.py``) predicts collective times from two numbers:
+α, the per-message latency, and β, seconds per byte. For a ring all-reduce of ``b`` bytes
+on ``n`` workers (``acp-sgd.md``, "Time model")::
+
+    t(b) = 2(n-1)·α + 2(n-1)/n · b·β
+
+Three pieces keep α and β current while training runs:
+
+1. :func:`probe_link` -- the anchor. All-reduces two sizes (a small one that is all latency,
+   a large one that is mostly bandwidth), takes the median of a few repeats, solves the two
+   equations for α and β, and broadcasts rank 0's answer so every rank holds the same numbers.
+2. :class:`ProbeScheduler` -- when to probe: at start, then every ``probe_interval_s``, but
+   only while the probes' total cost stays within a share (2%) of the run's elapsed time.
+   It reads no clock itself, so it is tested with a fake one.
+3. :class:`PassiveBandwidth` -- between probes, an EWMA of the bandwidth implied by the
+   communication hook's own collective timings. It costs nothing, but the hook's timings
+   include waiting for stragglers and contention with compute, so it is a fallback and a
+   trend signal; the active probe stays the anchor.
+
+World size 1 has no link: :func:`probe_link` returns at once, without timing, an estimate
+with α = β = 0 and ``bandwidth_bytes_per_second = math.inf`` (infinite, not ``None``), so the
+cost model's arithmetic needs no special case: every collective costs 0 s, which is true.
+Serialise it with :meth:`LinkEstimate.to_dict`, which writes ``None`` for the infinite value
+(JSON has no infinity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+
+if TYPE_CHECKING:  # torch is imported inside probe_link: the rest stays importable without it
+    import torch
+    import torch.distributed as dist
+
+CollectiveKind = Literal["all_reduce", "all_gather"]
+
+#: Small size: all latency. Large size: at 1 Gbit/s ~34 ms of transfer, enough to measure
+#: bandwidth against timer noise, yet a 2-worker probe costs well under a second at 100 Mbit/s.
+DEFAULT_SIZES: tuple[int, int] = (4 * 1024, 4 * 1024 * 1024)
+FP32_BYTES = 4
+
+
+# --------------------------------------------------------------------------- the α-β model
+
+
+def ring_coefficients(kind: CollectiveKind, world_size: int) -> tuple[float, float]:
+    """(latency factor, byte factor) of a ring collective: t = lat·α + bytes·b·β.
+
+    ``b`` is what one rank passes in (its all-reduce tensor, or its all-gather shard).
+    """
+    n = world_size
+    if n < 1:
+        raise ValueError(f"world_size: must be >= 1, got {n}")
+    if kind == "all_reduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n
+    if kind == "all_gather":
+        return float(n - 1), float(n - 1)
+    raise ValueError(f"kind: must be 'all_reduce' or 'all_gather', got {kind!r}")
+
+
+def all_reduce_seconds(nbytes: float, world_size: int, alpha_s: float, beta_s_per_byte: float) -> float:
+    """Predicted time of a ring all-reduce of ``nbytes`` under the α-β model."""
+    lat, per_byte = ring_coefficients("all_reduce", world_size)
+    return lat * alpha_s + per_byte * nbytes * beta_s_per_byte
+
+
+def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], world_size: int) -> tuple[float, float]:
+    """Least-squares (α, β) of the ring all-reduce model from (size, time) points.
+
+    With two sizes this is the exact solution of two equations. Measurements are noisy,
+    so the fit is kept physical: β > 0 and α >= 0.
+
+    1. Regress t on x = 2(n-1)/n·b: slope β, intercept 2(n-1)·α.
+    2. Slope <= 0 (the large transfer was no slower than the small one -- a link too fast
+       for these sizes): take β = t/x at the largest size, an upper bound on β, so the
+       bandwidth is under- rather than over-stated.
+    3. Intercept < 0: α = 0 and β refitted through the origin.
+    """
+    if world_size < 2:
+        raise ValueError(f"world_size: a link needs >= 2 workers, got {world_size}")
+    if len(sizes) != len(seconds) or len(set(sizes)) < 2:
+        raise ValueError("need times for at least two distinct sizes")
+    if min(seconds) <= 0 or min(sizes) <= 0:
+        raise ValueError("sizes and times must be positive")
+    lat, per_byte = ring_coefficients("all_reduce", world_size)
+    xs = [per_byte * b for b in sizes]
+    x_mean, t_mean = statistics.fmean(xs), statistics.fmean(seconds)
+    sxx = sum((x - x_mean) ** 2 for x in xs)
+    beta = sum((x - x_mean) * (t - t_mean) for x, t in zip(xs, seconds)) / sxx
+    if beta <= 0:
+        i = max(range(len(xs)), key=xs.__getitem__)
+        return 0.0, seconds[i] / xs[i]
+    intercept = t_mean - beta * x_mean
+    if intercept < 0:
+        return 0.0, sum(x * t for x, t in zip(xs, seconds)) / sum(x * x for x in xs)
+    return intercept / lat, beta
+
+
+# --------------------------------------------------------------------------- the estimate
+
+
+@dataclass(frozen=True)
+class LinkEstimate:
+    """The link as the α-β model sees it, identical on every rank.
+
+    ``latency_s`` is the predicted time of a zero-byte all-reduce, 2(n-1)·α: what one tiny
+    collective costs on this group, the number the dashboards show. ``measured_at`` is
+    rank 0's ``time.time()`` when the probe finished; ``cost_s`` is rank 0's wall time
+    spent probing (warm-up included), which the :class:`ProbeScheduler` budgets.
+    """
+
+    alpha_s: float
+    beta_s_per_byte: float
+    bandwidth_bytes_per_second: float
+    latency_s: float
+    measured_at: float
+    cost_s: float
+    world_size: int = 1
+
+    @classmethod
+    def from_fit(cls, alpha_s: float, beta_s_per_byte: float, world_size: int, *,
+                 measured_at: float, cost_s: float) -> "LinkEstimate":
+        bandwidth = math.inf if beta_s_per_byte == 0 else 1.0 / beta_s_per_byte
+        lat, _ = ring_coefficients("all_reduce", world_size)
+        return cls(alpha_s=alpha_s, beta_s_per_byte=beta_s_per_byte, bandwidth_bytes_per_second=bandwidth,
+                   latency_s=lat * alpha_s, measured_at=measured_at, cost_s=cost_s, world_size=world_size)
+
+    @classmethod
+    def no_link(cls, measured_at: float | None = None) -> "LinkEstimate":
+        """World size 1: nothing to send, so α = β = 0 and infinite bandwidth."""
+        return cls.from_fit(0.0, 0.0, 1, measured_at=time.time() if measured_at is None else measured_at,
+                            cost_s=0.0)
+
+    @property
+    def has_link(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce_seconds(self, nbytes: float) -> float:
+        """Predicted ring all-reduce time of ``nbytes`` on this group."""
+        return all_reduce_seconds(nbytes, self.world_size, self.alpha_s, self.beta_s_per_byte)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe fields: infinite bandwidth becomes ``None``."""
+        out = dataclasses.asdict(self)
+        if math.isinf(out["bandwidth_bytes_per_second"]):
+            out["bandwidth_bytes_per_second"] = None
+        return out
+
+
+# --------------------------------------------------------------------------- the active probe
+
+
+def probe_link(
+    process_group: "dist.ProcessGroup | None" = None,
+    *,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    repeats: int = 3,
+    device: "torch.device | str | None" = None,
+) -> LinkEstimate:
+    """Measure α and β of ``process_group``'s all-reduce; every rank must call it.
+
+    1. World size 1 (or no initialised process group): return :meth:`LinkEstimate.no_link`.
+    2. One untimed all-reduce per size: connections, buffers and caches warm up.
+    3. ``repeats`` rounds over the sizes; before each timing a barrier lines the ranks up,
+       and on CUDA a synchronise makes the clock stop when the data has arrived.
+    4. Each rank fits (α, β) to the median time of every size; rank 0's fit, time stamp
+       and cost are broadcast so all ranks return the same estimate.
+
+    ``sizes`` are bytes of fp32 tensors (rounded down to whole elements). ``device`` defaults
+    to the current CUDA device for an NCCL group, else the CPU.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if repeats < 1:
+        raise ValueError(f"repeats: must be >= 1, got {repeats}")
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(process_group) == 1:
+        return LinkEstimate.no_link()
+    world_size = dist.get_world_size(process_group)
+    dev = _probe_device(process_group, device)
+    started = time.perf_counter()
+    tensors = _probe_tensors(sizes, dev)
+    nbytes = [t.numel() * t.element_size() for t in tensors]
+    for tensor in tensors:
+        dist.all_reduce(tensor, group=process_group)
+    _synchronize(dev)
+    times: list[list[float]] = [[] for _ in tensors]
+    for _ in range(repeats):
+        for i, tensor in enumerate(tensors):
+            times[i].append(_timed_all_reduce(tensor, process_group, dev))
+    alpha, beta = fit_alpha_beta(nbytes, [statistics.median(ts) for ts in times], world_size)
+    cost = time.perf_counter() - started
+    agreed = torch.tensor([alpha, beta, time.time(), cost], dtype=torch.float64, device=dev)
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+    dist.broadcast(agreed, src=src, group=process_group)
+    alpha, beta, measured_at, cost = agreed.tolist()
+    return LinkEstimate.from_fit(alpha, beta, world_size, measured_at=measured_at, cost_s=cost)
+
+
+def _probe_device(process_group: "dist.ProcessGroup | None", device: "torch.device | str | None") -> "torch.device":
+    import torch
+    import torch.distributed as dist
+
+    if device is not None:
+        return torch.device(device)
+    if dist.get_backend(process_group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _probe_tensors(sizes: Sequence[int], device: "torch.device") -> list["torch.Tensor"]:
+    import torch
+
+    counts = sorted({max(1, int(b) // FP32_BYTES) for b in sizes})
+    if len(counts) < 2:
+        raise ValueError(f"sizes: need two distinct sizes of at least {FP32_BYTES} bytes, got {tuple(sizes)}")
+    return [torch.ones(c, dtype=torch.float32, device=device) for c in counts]
+
+
+def _timed_all_reduce(tensor: "torch.Tensor", process_group: "dist.ProcessGroup | None",
+                      device: "torch.device") -> float:
+    import torch.distributed as dist
+
+    dist.barrier(group=process_group)
+    _synchronize(device)
+    start = time.perf_counter()
+    dist.all_reduce(tensor, group=process_group)
+    _synchronize(device)
+    return time.perf_counter() - start
+
+
+def _synchronize(device: "torch.device") -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------- when to probe
+
+
+@dataclass
+class ProbeScheduler:
+    """Decides when the next active probe may run; the caller supplies the clock.
+
+    A probe is due at start (before any has run), and afterwards when ``probe_interval_s``
+    has passed since the last one AND running one more (predicted to cost as much as the
+    last) keeps the total probe cost within ``max_cost_fraction`` of the elapsed run time.
+    The start probe is exempt from the budget (nothing has elapsed yet) but counts
+    towards it, so later probes wait until the run has earned it back.
+
+    ``now`` is any monotonic clock reading (for the interval); ``elapsed_s`` is the run's
+    time so far (for the budget). Every rank must take the same decision, or the probe's
+    collectives do not match: decide on rank 0 and broadcast it, or feed all ranks the
+    same agreed numbers.
+    """
+
+    probe_interval_s: float = 60.0
+    max_cost_fraction: float = 0.02
+    last_probe_at: float | None = None
+    last_cost_s: float = 0.0
+    total_cost_s: float = 0.0
+    probes: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.probe_interval_s > 0:
+            raise ValueError(f"probe_interval_s: must be > 0, got {self.probe_interval_s}")
+        if not 0 < self.max_cost_fraction < 1:
+            raise ValueError(f"max_cost_fraction: must be in (0, 1), got {self.max_cost_fraction}")
+
+    def due(self, now: float, elapsed_s: float) -> bool:
+        """Whether to probe now."""
+        if self.last_probe_at is None:
+            return True
+        if now - self.last_probe_at < self.probe_interval_s:
+            return False
+        return self.total_cost_s + self.last_cost_s <= self.max_cost_fraction * elapsed_s
+
+    def record(self, now: float, cost_s: float) -> None:
+        """Note that a probe finished at ``now`` after ``cost_s`` seconds."""
+        if cost_s < 0:
+            raise ValueError(f"cost_s: must be >= 0, got {cost_s}")
+        self.last_probe_at = now
+        self.last_cost_s = cost_s
+        self.total_cost_s += cost_s
+        self.probes += 1
+
+    def earliest_elapsed_for_next(self) -> float:
+        """The elapsed run time from which the budget allows the next probe."""
+        return (self.total_cost_s + self.last_cost_s) / self.max_cost_fraction
+
+
+# --------------------------------------------------------------------------- passive estimate
+
+
+@dataclass
+class PassiveBandwidth:
+    """EWMA of the bandwidth the hook's own collectives imply; a fallback between probes.
+
+    Each observation (bytes one rank passed in, seconds, collective kind, world size) is
+    inverted through the same ring model: β = (t - lat·α) / (bytes·b), with α from the last
+    active probe (:meth:`anchor`; 0 before one). The average is taken over β, seconds per
+    byte, because times add up: two equal transfers at 10 and 1000 MB/s take as long as
+    two at ~20 MB/s, and averaging bandwidths would say ~505 MB/s.
+
+    Observations smaller than ``min_bytes``, on one worker, or not slower than the latency
+    term are ignored: their time is latency and noise, not bandwidth.
+    """
+
+    smoothing: float = 0.2
+    min_bytes: int = 256 * 1024
+    alpha_s: float = 0.0
+    beta_s_per_byte: float | None = None
+    anchor_bandwidth: float | None = None
+    observations: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.smoothing <= 1:
+            raise ValueError(f"smoothing: must be in (0, 1], got {self.smoothing}")
+
+    def anchor(self, estimate: LinkEstimate) -> None:
+        """Take α (and the reference bandwidth for :meth:`trend`) from an active probe."""
+        if estimate.has_link:
+            self.alpha_s = estimate.alpha_s
+            self.anchor_bandwidth = estimate.bandwidth_bytes_per_second
+
+    def observe(self, nbytes: float, seconds: float, kind: CollectiveKind = "all_reduce",
+                world_size: int = 2) -> bool:
+        """Fold one collective's timing in; return whether it was used."""
+        if world_size < 2 or nbytes < self.min_bytes or seconds <= 0:
+            return False
+        lat, per_byte = ring_coefficients(kind, world_size)
+        transfer_s = seconds - lat * self.alpha_s
+        if transfer_s <= 0:
+            return False
+        beta = transfer_s / (per_byte * nbytes)
+        prev = self.beta_s_per_byte
+        self.beta_s_per_byte = beta if prev is None else prev + self.smoothing * (beta - prev)
+        self.observations += 1
+        return True
+
+    @property
+    def bytes_per_second(self) -> float | None:
+        """The current estimate, or None before the first usable observation."""
+        return None if self.beta_s_per_byte is None else 1.0 / self.beta_s_per_byte
+
+    def trend(self) -> float | None:
+        """Passive estimate relative to the last active probe (<1: the link got slower)."""
+        bw = self.bytes_per_second
+        if bw is None or not self.anchor_bandwidth or math.isinf(self.anchor_bandwidth):
+            return None
+        return bw / self.anchor_bandwidth
