@@ -1,0 +1,2 @@
+"""HTTP routes, one router per resource. Each route is a thin call into
+:class:`coordinator.service.JobService`; errors are mapped in :mod:`coordinator.app`."""

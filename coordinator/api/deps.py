@@ -1,0 +1,50 @@
+"""Dependencies shared by the routers: the service, operator auth and worker auth."""
+
+from __future__ import annotations
+
+from fastapi import Depends, HTTPException, Query, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from coordinator.auth import token_matches
+from coordinator.service import JobService
+from coordinator.settings import Settings
+from coordinator.store import JobRecord
+
+_bearer = HTTPBearer(auto_error=False, description="GRADWIRE_TOKEN (operator) or the job's worker token")
+
+UNAUTHORIZED = "missing or wrong bearer token"
+
+
+def get_service(request: Request) -> JobService:
+    return request.app.state.service
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def require_operator(
+    settings: Settings = Depends(get_settings),
+    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
+    access_token: str | None = Query(default=None, description="for EventSource, which cannot send headers"),
+) -> None:
+    """With ``GRADWIRE_TOKEN`` set, every ``/v1`` operator route needs it."""
+    expected = settings.token_value
+    if expected is None:
+        return
+    presented = credentials.credentials if credentials else access_token
+    if not token_matches(presented, expected):
+        raise _unauthorized(UNAUTHORIZED)
+
+
+def worker_job(
+    job_id: str,
+    service: JobService = Depends(get_service),
+    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
+) -> JobRecord:
+    """Worker routes take the job's own token only (never the operator's)."""
+    return service.authorize_worker(job_id, credentials.credentials if credentials else None)

@@ -1,0 +1,134 @@
+"""The FastAPI app factory: wires settings, store, metrics, launcher and the supervisor,
+mounts one router per resource and maps domain errors to status codes.
+
+Importing this module does not import torch or Ray (a test checks ``sys.modules``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from contextlib import asynccontextmanager
+from importlib import metadata
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from coordinator.api import dashboard, health, jobs, metrics, policy, worker
+from coordinator.auth import check_bind
+from coordinator.launcher import Launcher, make_launcher
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.service import Conflict, Forbidden, JobNotFound, JobService
+from coordinator.settings import Settings
+from coordinator.store import Store
+from coordinator.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("gradwire")
+    except metadata.PackageNotFoundError:  # pragma: no cover - source checkout without install
+        return "0.0.0"
+
+
+class _BodyLimit:
+    """Refuse bodies over ``limit`` bytes (by Content-Length) before anything parses them."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            length = dict(scope.get("headers") or []).get(b"content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.limit):
+                response = JSONResponse({"detail": f"request body too large (limit {self.limit} bytes)"},
+                                        status_code=413)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None,
+               clock: Callable[[], float] = time.time) -> FastAPI:
+    """Build the coordinator. ``launcher`` replaces the one ``settings`` asks for (tests)."""
+    settings = settings or Settings()
+    check_bind(settings.host, settings.token_value)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+
+    store = Store(settings.db_url)
+    launcher = launcher or make_launcher(settings)
+    job_metrics = CoordinatorMetrics(store.counts_by_state, settings.metrics_grace_s)
+    supervisor_box: list[Supervisor] = []
+    service = JobService(store, job_metrics, launcher, settings, clock=clock,
+                         on_submit=lambda: supervisor_box and supervisor_box[0].wake())
+    supervisor = Supervisor(service, launcher, settings.poll_interval_s)
+    supervisor_box.append(supervisor)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        supervisor.start()
+        try:
+            yield
+        finally:
+            supervisor.stop()
+            launcher.close()
+            store.close()
+
+    app = FastAPI(
+        title="gradwire coordinator",
+        version=_version(),
+        description="Jobs, telemetry, adaptive compression decisions and metrics for gradwire.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.service = service
+    app.state.supervisor = supervisor
+
+    for router in (jobs.router, policy.router, worker.router, health.router, metrics.router, dashboard.router):
+        app.include_router(router)
+    app.mount("/static", StaticFiles(directory=dashboard.STATIC_DIR), name="static")
+    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    _error_handlers(app)
+    return app
+
+
+def _json_safe(value: Any) -> Any:
+    """Echoed inputs may hold inf/nan (JSON ``1e999``), which JSON cannot carry: quote them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+
+    @app.exception_handler(JobNotFound)
+    async def _not_found(_request: Request, exc: JobNotFound) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(Conflict)
+    async def _conflict(_request: Request, exc: Conflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_request: Request, exc: Forbidden) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return JSONResponse({"detail": "internal error"}, status_code=500)

@@ -1,0 +1,233 @@
+"""Runs jobs on Ray so that they keep running when the coordinator process stops.
+
+Each job gets a detached, named Ray actor (:class:`JobRunner`, name ``job-<id>``, namespace
+``gradwire`` by default). The actor calls ``workers.runner.run_job`` in a thread and keeps
+the outcome until the coordinator has read it, so a job that ends while the coordinator is
+down is still reported correctly afterwards. The actor asks for no CPUs itself; the Ray
+Train workers it starts take one CPU each (one GPU each with ``use_gpu``).
+
+Ray and the worker runtime are imported inside the methods here, never at module import, so
+``import coordinator.app`` stays free of torch and Ray.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from coordinator import raylocal
+from coordinator.settings import Settings
+from workers.protocol import TrainConfig
+
+log = logging.getLogger(__name__)
+
+ACTOR_PREFIX = "job-"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    cpus: float
+    gpus: float
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What the launcher knows about a launched job right now."""
+
+    state: Literal["running", "succeeded", "failed", "missing"]
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class Launcher(Protocol):
+    """What the supervisor needs from a job runner (Ray here; a fake in tests)."""
+
+    status: str
+
+    def connect(self) -> None: ...
+    def capacity(self) -> Capacity | None: ...
+    def launch(self, job_id: str, config: TrainConfig) -> None: ...
+    def poll(self, job_id: str) -> RunStatus: ...
+    def cancel(self, job_id: str) -> None: ...
+    def release(self, job_id: str) -> None: ...
+    def live_jobs(self) -> set[str]: ...
+    def close(self) -> None: ...
+
+
+class NullLauncher:
+    """Records jobs but runs nothing (``GRADWIRE_LAUNCHER=none``): an external runner such as
+    ``gradwire train --coordinator`` reports on them. Jobs stay queued until telemetry arrives."""
+
+    status = "disabled"
+
+    def connect(self) -> None:
+        pass
+
+    def capacity(self) -> Capacity | None:
+        return None  # never launches
+
+    def launch(self, job_id: str, config: TrainConfig) -> None:  # pragma: no cover - never called
+        raise RuntimeError("this coordinator runs no jobs (launcher=none)")
+
+    def poll(self, job_id: str) -> RunStatus:
+        return RunStatus("running")
+
+    def cancel(self, job_id: str) -> None:
+        pass
+
+    def release(self, job_id: str) -> None:
+        pass
+
+    def live_jobs(self) -> set[str]:
+        return set()
+
+    def close(self) -> None:
+        pass
+
+
+class JobRunner:
+    """The detached actor behind one job (decorated with ``ray.remote`` lazily, at launch).
+
+    ``start`` returns at once and runs the job in a thread, so ``status`` stays answerable and
+    no call from the coordinator is ever in flight for long (a caller that dies mid-call would
+    otherwise leave the outcome with nobody to read it).
+    """
+
+    def __init__(self, runner: str, config: dict[str, Any], storage_path: str) -> None:
+        self._runner = runner
+        self._config = config
+        self._storage_path = storage_path
+        self._thread: threading.Thread | None = None
+        self._outcome: dict[str, Any] = {"state": "running"}
+        self._started_at = time.time()
+
+    def start(self) -> bool:
+        if self._thread is None:  # idempotent: a re-launch after a crash just re-attaches
+            self._thread = threading.Thread(target=self._run, name="gradwire-job", daemon=True)
+            self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        try:
+            module_name, _, func_name = self._runner.partition(":")
+            run_job = getattr(importlib.import_module(module_name), func_name)
+            config = TrainConfig.model_validate(self._config)
+            summary = run_job(config, storage_path=self._storage_path, resume=True)
+            self._outcome = {"state": "succeeded", "summary": _jsonable(summary)}
+        except BaseException as exc:  # noqa: BLE001 - every failure must reach the coordinator
+            logging.getLogger("gradwire.runner").error("job failed:\n%s", traceback.format_exc())
+            self._outcome = {"state": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+    def status(self) -> dict[str, Any]:
+        return dict(self._outcome, started_at=self._started_at)
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(value, default=str))
+
+
+class RayLauncher:
+    """Launches, polls, cancels and re-attaches :class:`JobRunner` actors."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.status = "connecting"
+        self.address: str | None = None
+
+    def connect(self) -> None:
+        """Join the configured cluster, or start/attach the embedded local head."""
+        import ray
+
+        address = self._settings.ray_address
+        if address is None:
+            head = raylocal.ensure_head(self._settings.data_dir, self._settings.ray_port,
+                                        self._settings.local_ray_cpus)
+            address = head.address
+            log.info("local Ray head at %s (%s)", address, "started" if head.started_here else "attached")
+        try:
+            ray.init(address=address, namespace=self._settings.ray_namespace, log_to_driver=False,
+                     logging_level=logging.WARNING, ignore_reinit_error=True)
+        except Exception as exc:
+            self.status = f"error: {exc}"
+            raise
+        self.address = address
+        self.status = "connected"
+
+    def capacity(self) -> Capacity | None:
+        import ray
+
+        total = ray.cluster_resources()
+        return Capacity(cpus=float(total.get("CPU", 0)), gpus=float(total.get("GPU", 0)))
+
+    def _name(self, job_id: str) -> str:
+        return ACTOR_PREFIX + job_id
+
+    def launch(self, job_id: str, config: TrainConfig) -> None:
+        import ray
+
+        actor_cls = ray.remote(JobRunner)
+        actor = actor_cls.options(
+            name=self._name(job_id), namespace=self._settings.ray_namespace, lifetime="detached",
+            get_if_exists=True, num_cpus=0, max_restarts=0,
+        ).remote(self._settings.runner, config.model_dump(mode="json"), self._settings.run_storage)
+        ray.get(actor.start.remote(), timeout=120)
+
+    def _actor(self, job_id: str) -> Any | None:
+        import ray
+
+        try:
+            return ray.get_actor(self._name(job_id), namespace=self._settings.ray_namespace)
+        except ValueError:
+            return None
+
+    def poll(self, job_id: str) -> RunStatus:
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        actor = self._actor(job_id)
+        if actor is None:
+            return RunStatus("missing", error=f"runner actor {self._name(job_id)} not found on the Ray cluster")
+        try:
+            outcome = ray.get(actor.status.remote(), timeout=10)
+        except GetTimeoutError:
+            return RunStatus("running")
+        except RayActorError as exc:
+            return RunStatus("failed", error=f"runner actor died: {str(exc).splitlines()[0]}")
+        return RunStatus(outcome["state"], summary=outcome.get("summary"), error=outcome.get("error"))
+
+    def cancel(self, job_id: str) -> None:
+        """Kill the runner; Ray then stops the Train controller and workers it owns."""
+        self.release(job_id)
+
+    def release(self, job_id: str) -> None:
+        import ray
+
+        actor = self._actor(job_id)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+
+    def live_jobs(self) -> set[str]:
+        import ray
+
+        names = ray.util.list_named_actors(all_namespaces=True)
+        return {
+            entry["name"].removeprefix(ACTOR_PREFIX) for entry in names
+            if entry["namespace"] == self._settings.ray_namespace and entry["name"].startswith(ACTOR_PREFIX)
+        }
+
+    def close(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()  # detached runners keep going
+
+
+def make_launcher(settings: Settings) -> Launcher:
+    return RayLauncher(settings) if settings.launcher == "ray" else NullLauncher()

@@ -1,0 +1,164 @@
+"""Every Prometheus metric the coordinator exports, in one place (design.md §4).
+
+Names carry the ``gradwire_`` prefix and base units; labels stay low-cardinality: ``job``
+(the job id), ``phase``, ``compressor`` (and ``rank`` on the info series). Each app gets its
+own registry, so tests can run several coordinators in one process. A finished job's series
+are removed ``grace_s`` after it ends, so dashboards see the end and Prometheus forgets it.
+
+Note for scrape configs: the ``job`` label clashes with Prometheus' own target label; scrape
+the coordinator with ``honor_labels: true`` to keep ours (else it arrives as ``exported_job``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from compressors.spec import make_spec
+from compressors.wire import wire_bytes
+from coordinator.schemas import JOB_STATES
+from workers.protocol import PHASES, Telemetry
+
+# No ``*_created`` companion series: they would double the series count for nothing we use.
+disable_created_metrics()
+
+# 1 ms .. ~65 s, doubling: covers a tiny MLP step on CPU and a large model on a slow link.
+_SECONDS_BUCKETS = tuple(0.001 * 2**i for i in range(17))
+
+
+class _JobsByState(Collector):
+    """``gradwire_jobs{state}`` read from the store at scrape time, so it is right even
+    just after a restart."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("gradwire_jobs", "Jobs by state", labels=["state"])
+        counts = self._counts()
+        for state in JOB_STATES:
+            family.add_metric([state], counts.get(state, 0))
+        yield family
+
+
+class CoordinatorMetrics:
+    """Updates the collectors from telemetry and job events; tracks which label sets belong
+    to which job so they can be removed together."""
+
+    def __init__(self, job_counts: Callable[[], dict[str, int]], grace_s: float) -> None:
+        self.registry = CollectorRegistry()
+        self.grace_s = grace_s
+        r = self.registry
+        self.step_phase_seconds = Histogram(
+            "gradwire_step_phase_seconds", "Mean seconds per step spent in each phase, one "
+            "observation per telemetry report", ["job", "phase"], buckets=_SECONDS_BUCKETS, registry=r)
+        self.step_seconds = Histogram(
+            "gradwire_step_seconds", "Mean seconds per training step, one observation per report",
+            ["job", "compressor"], buckets=_SECONDS_BUCKETS, registry=r)
+        self.samples_per_second = Gauge(
+            "gradwire_samples_per_second", "Training throughput over all workers", ["job"], registry=r)
+        self.train_loss = Gauge("gradwire_train_loss", "Latest training loss", ["job"], registry=r)
+        self.bandwidth = Gauge(
+            "gradwire_network_bandwidth_bytes_per_second", "Measured collective bandwidth",
+            ["job"], registry=r)
+        self.latency = Gauge(
+            "gradwire_network_latency_seconds", "Measured collective latency (alpha)", ["job"], registry=r)
+        self.comm_bytes = Counter(
+            "gradwire_comm_bytes_total", "Bytes all ranks put into collectives",
+            ["job", "compressor"], registry=r)
+        self.compression_ratio = Gauge(
+            "gradwire_compression_ratio", "Uncompressed over compressed bytes per step",
+            ["job", "compressor"], registry=r)
+        self.compressor_info = Gauge(
+            "gradwire_compressor_info", "1 for the compressor (and rank) a job uses now",
+            ["job", "compressor", "rank"], registry=r)
+        self.policy_switches = Counter(
+            "gradwire_policy_switches_total", "Compressor switches decided for a job", ["job"], registry=r)
+        r.register(_JobsByState(job_counts))
+        self._series: dict[str, set[tuple[object, tuple[str, ...]]]] = {}
+        self._info: dict[str, tuple[str, ...]] = {}
+        self._finished: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def _labels(self, metric: object, job_id: str, *values: str) -> object:
+        self._series.setdefault(job_id, set()).add((metric, (job_id, *values)))
+        return metric.labels(job_id, *values)  # type: ignore[attr-defined]
+
+    def observe_report(self, job_id: str, t: Telemetry, *, previous_step: int,
+                       shapes: list[list[int]] | None) -> None:
+        """Feed one telemetry report (rank 0's means over its last interval)."""
+        compressor = t.compressor or "unknown"
+        with self._lock:
+            self._finished.pop(job_id, None)
+            for phase, seconds in t.phase_seconds.items():
+                self._labels(self.step_phase_seconds, job_id, phase).observe(seconds)  # type: ignore[attr-defined]
+            step = _step_seconds(t)
+            if step is not None:
+                self._labels(self.step_seconds, job_id, compressor).observe(step)  # type: ignore[attr-defined]
+            for gauge, value in ((self.samples_per_second, t.samples_per_second), (self.train_loss, t.loss),
+                                 (self.bandwidth, t.bandwidth_bytes_per_second), (self.latency, t.latency_seconds)):
+                if value is not None:
+                    self._labels(gauge, job_id).set(value)  # type: ignore[attr-defined]
+            advanced = max(0, t.step - previous_step)
+            if t.bytes_sent_per_step is not None and advanced:
+                self._labels(self.comm_bytes, job_id, compressor).inc(  # type: ignore[attr-defined]
+                    t.bytes_sent_per_step * advanced * t.world_size)
+            ratio = _compression_ratio(t, shapes)
+            if ratio is not None:
+                self._labels(self.compression_ratio, job_id, compressor).set(ratio)  # type: ignore[attr-defined]
+            if t.compressor:
+                self._set_info(job_id, compressor, "" if t.rank is None else str(t.rank))
+
+    def _set_info(self, job_id: str, compressor: str, rank: str) -> None:
+        old = self._info.get(job_id)
+        if old == (compressor, rank):
+            return
+        if old is not None:
+            self.compressor_info.remove(job_id, *old)
+            self._series.get(job_id, set()).discard((self.compressor_info, (job_id, *old)))
+        self._labels(self.compressor_info, job_id, compressor, rank).set(1)  # type: ignore[attr-defined]
+        self._info[job_id] = (compressor, rank)
+
+    def record_switch(self, job_id: str) -> None:
+        with self._lock:
+            self._labels(self.policy_switches, job_id).inc()  # type: ignore[attr-defined]
+
+    def job_finished(self, job_id: str, now: float) -> None:
+        with self._lock:
+            if job_id in self._series:
+                self._finished[job_id] = now
+
+    def sweep(self, now: float) -> None:
+        """Drop the series of jobs that ended more than ``grace_s`` ago."""
+        with self._lock:
+            for job_id, ended in list(self._finished.items()):
+                if now - ended < self.grace_s:
+                    continue
+                for metric, labels in self._series.pop(job_id, set()):
+                    try:
+                        metric.remove(*labels)  # type: ignore[attr-defined]
+                    except KeyError:
+                        pass
+                self._info.pop(job_id, None)
+                del self._finished[job_id]
+
+
+def _step_seconds(t: Telemetry) -> float | None:
+    parts = [t.phase_seconds[p] for p in PHASES if p in t.phase_seconds]
+    return sum(parts) if parts else None
+
+
+def _compression_ratio(t: Telemetry, shapes: list[list[int]] | None) -> float | None:
+    if not shapes or not t.compressor:
+        return None
+    try:
+        params = {k: v for k, v in (("rank", t.rank), ("ratio", t.ratio)) if v is not None}
+        spec = make_spec(t.compressor, **params)
+        sent = wire_bytes(spec, shapes, t.world_size)
+        return wire_bytes(make_spec("none"), shapes, t.world_size) / sent if sent else None
+    except ValueError:
+        return None

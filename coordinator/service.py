@@ -1,0 +1,233 @@
+"""Jobs as the coordinator owns them: submit, read, cancel, telemetry in, decisions out,
+policy pin/release. FastAPI-free; the routes in :mod:`coordinator.api` are thin wrappers.
+
+Errors are domain exceptions (:class:`JobNotFound`, :class:`Conflict`, :class:`Forbidden`)
+that the app maps to 404/409/401 with the exception's message as ``detail``.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from typing import Callable
+
+from coordinator.auth import new_job_token, token_matches
+from coordinator.decisions import DecisionLoop
+from coordinator.launcher import Launcher
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.schemas import (
+    AdaptivePolicy,
+    DecisionRecord,
+    JobHistory,
+    JobSpec,
+    PinnedPolicy,
+    PolicyView,
+    TelemetryPoint,
+)
+from coordinator.settings import Settings
+from coordinator.store import InvalidTransition, JobRecord, Store
+from workers.protocol import PHASES, Decision, Telemetry
+
+log = logging.getLogger(__name__)
+
+
+class JobNotFound(LookupError):
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} not found")
+
+
+class Conflict(RuntimeError):
+    """The request is valid but the job's state forbids it (e.g. cancelling a finished job)."""
+
+
+class Forbidden(PermissionError):
+    """A worker endpoint was called without this job's token."""
+
+
+def new_job_id() -> str:
+    return secrets.token_hex(6)
+
+
+class JobService:
+    def __init__(self, store: Store, metrics: CoordinatorMetrics, launcher: Launcher, settings: Settings,
+                 clock: Callable[[], float] = time.time, on_submit: Callable[[], None] = lambda: None) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.launcher = launcher
+        self.settings = settings
+        self.decisions = DecisionLoop()
+        self._clock = clock
+        self._on_submit = on_submit
+        # Read-decide-write sequences (telemetry, policy, cancel) must not interleave per job.
+        self._lock = threading.RLock()
+
+    # ---- operator side -------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> tuple[JobRecord, str]:
+        """Store a queued job with its first decision; the supervisor launches it."""
+        now = self._clock()
+        mode = spec.compression.mode
+        job = self.store.create_job(
+            job_id=new_job_id(), spec=spec, worker_token=new_job_token(), policy_mode=mode,
+            decision=DecisionLoop.initial(spec.compression, now), now=now,
+        )
+        log.info("job %s (%s) submitted", job.id, job.name)
+        self._on_submit()
+        return job, job.worker_token
+
+    def get(self, job_id: str) -> JobRecord:
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    def list(self, state: str | None = None, limit: int = 200) -> list[JobRecord]:
+        return self.store.list_jobs(state=state, limit=limit)
+
+    def history(self, job_id: str) -> JobHistory:
+        job = self.get(job_id)
+        return JobHistory(job=job.status(), telemetry=self.store.telemetry(job_id),
+                          decisions=self.store.decisions(job_id), transitions=self.store.transitions(job_id))
+
+    def cancel(self, job_id: str) -> JobRecord:
+        with self._lock:
+            job = self.get(job_id)
+            if job.terminal:
+                raise Conflict(f"job {job_id} is already {job.state}")
+            if job.state == "running":
+                self.launcher.cancel(job_id)
+            return self.finish(job_id, "cancelled", "cancelled by operator")
+
+    def finish(self, job_id: str, state: str, reason: str, summary: dict | None = None) -> JobRecord:
+        """Record a terminal state (from cancel, the supervisor or reconciliation)."""
+        with self._lock:
+            now = self._clock()
+            columns = {"summary": summary} if summary is not None else {}
+            if summary:
+                columns.update(_summary_columns(summary))
+            try:
+                job = self.store.transition(job_id, state, reason, now, **columns)
+            except InvalidTransition as exc:
+                raise Conflict(str(exc)) from None
+            self.metrics.job_finished(job_id, now)
+            self.decisions.forget(job_id)
+            log.info("job %s %s: %s", job_id, state, reason)
+            return job
+
+    # ---- policy --------------------------------------------------------------------------
+
+    def policy(self, job_id: str) -> PolicyView:
+        job = self.get(job_id)
+        current = self.current_decision(job_id)
+        return PolicyView(mode=job.policy_mode, compressor=current.compressor,  # type: ignore[arg-type]
+                          params=current.params, decision_version=current.version)
+
+    def set_policy(self, job_id: str, request: PinnedPolicy | AdaptivePolicy) -> PolicyView:
+        with self._lock:
+            job = self.get(job_id)
+            if job.terminal:
+                raise Conflict(f"job {job_id} is {job.state}; its policy cannot change")
+            current = self._latest(job_id)
+            now = self._clock()
+            if isinstance(request, PinnedPolicy):
+                decision = self.decisions.pin(job_id, request, current, now)
+                self.store.set_decision(job_id, decision, policy_mode="pinned", now=now)
+                self.metrics.record_switch(job_id)
+            else:
+                self.decisions.release(job_id)
+                self.store.set_decision(job_id, current, policy_mode="adaptive", now=now)
+            return self.policy(job_id)
+
+    # ---- worker side ---------------------------------------------------------------------
+
+    def authorize_worker(self, job_id: str, token: str | None) -> JobRecord:
+        job = self.get(job_id)
+        if not token_matches(token, job.worker_token):
+            raise Forbidden("missing or wrong job token")
+        return job
+
+    def current_decision(self, job_id: str) -> DecisionRecord:
+        self.get(job_id)
+        return self._latest(job_id)
+
+    def _latest(self, job_id: str) -> DecisionRecord:
+        decision = self.store.latest_decision(job_id)
+        if decision is None:  # every job is created with version 0; missing means corruption
+            raise JobNotFound(job_id)
+        return decision
+
+    def ingest(self, job_id: str, t: Telemetry) -> Decision:
+        """Apply one report: snapshot, history (downsampled), metrics, maybe a new decision.
+        Returns the decision in force, so a worker may skip its next GET."""
+        with self._lock:
+            job = self.get(job_id)
+            if job.terminal:
+                raise Conflict(f"job {job_id} is {job.state}; telemetry is no longer accepted")
+            now = self._clock()
+            profile = t.profile or job.profile
+            current = self._latest(job_id)
+            decision = self.decisions.on_report(job_id, job.policy_mode, job.spec.compression, current, t,
+                                                profile, now)
+            keep = (job.last_history_at is None or now - job.last_history_at >= self.settings.history_interval_s
+                    or t.compressor != job.compressor or t.rank != job.rank or _last_step(job, t))
+            point = _point(t, now) if keep else None
+            self.store.record_report(job_id, snapshot=_snapshot(t, job), history=point, decision=decision,
+                                     start_running=True, now=now, max_rows=self.settings.history_max_rows)
+            self.metrics.observe_report(job_id, t, previous_step=job.step,
+                                        shapes=profile.shapes if profile else None)
+            if decision is not None:
+                self.metrics.record_switch(job_id)
+                log.info("job %s decision v%d: %s", job_id, decision.version, decision.reason)
+            final = decision or current
+            return Decision(version=final.version, compressor=final.compressor, params=final.params,
+                            reason=final.reason, predicted_gain=final.predicted_gain)
+
+
+def _last_step(job: JobRecord, t: Telemetry) -> bool:
+    total = t.steps or job.steps
+    return total is not None and t.step >= total
+
+
+def _snapshot(t: Telemetry, job: JobRecord) -> dict:
+    """Columns a report overwrites; fields a report leaves out keep their last value."""
+    values: dict = {"step": t.step, "phase_seconds": dict(t.phase_seconds) or job.phase_seconds,
+                    "world_size": t.world_size}
+    if t.profile is not None:
+        values["profile"] = t.profile.model_dump(mode="json")
+    optional = {"steps": t.steps, "loss": t.loss, "samples_per_second": t.samples_per_second,
+                "bandwidth": t.bandwidth_bytes_per_second, "latency": t.latency_seconds,
+                "bytes_sent_per_step": t.bytes_sent_per_step, "grad_norm": t.grad_norm}
+    values.update({k: v for k, v in optional.items() if v is not None})
+    if t.compressor:
+        values.update(compressor=t.compressor, rank=t.rank, ratio=t.ratio)
+    return values
+
+
+def _point(t: Telemetry, now: float) -> TelemetryPoint:
+    parts = [t.phase_seconds[p] for p in PHASES if p in t.phase_seconds]
+    return TelemetryPoint(
+        at=now, step=t.step, loss=t.loss, samples_per_second=t.samples_per_second,
+        bandwidth_bytes_per_second=t.bandwidth_bytes_per_second, latency_seconds=t.latency_seconds,
+        compressor=t.compressor, rank=t.rank, ratio=t.ratio, phase_seconds=dict(t.phase_seconds),
+        step_seconds=sum(parts) if parts else None,
+    )
+
+
+def _summary_columns(summary: dict) -> dict:
+    """Final numbers from ``run_job``'s summary, where it has them."""
+    out: dict = {}
+    if isinstance(summary.get("steps"), int):
+        out["step"] = summary["steps"]
+    if isinstance(summary.get("final_loss"), (int, float)):
+        out["loss"] = float(summary["final_loss"])
+    if isinstance(summary.get("samples_per_second"), (int, float)):
+        out["samples_per_second"] = float(summary["samples_per_second"])
+    if isinstance(summary.get("compressor"), str):
+        out["compressor"] = summary["compressor"]
+        out["rank"] = summary.get("rank") if isinstance(summary.get("rank"), int) else None
+    if isinstance(summary.get("phase_seconds"), dict):
+        out["phase_seconds"] = {k: float(v) for k, v in summary["phase_seconds"].items()
+                                if isinstance(v, (int, float))}
+    return out

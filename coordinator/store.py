@@ -1,0 +1,447 @@
+"""The embedded database: jobs, their events (state transitions, decisions, policy changes),
+versioned decisions and a downsampled telemetry history.
+
+SQLite under ``<data_dir>`` by default; any SQLAlchemy URL works. Every public write method is
+one transaction, so a crash or a refused input never leaves a half-written job behind. Callers
+validate before they write (see :mod:`coordinator.schemas`); this module trusts its arguments.
+Rows leave this module as pydantic read models or :class:`JobRecord`, never as ORM objects.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from sqlalchemy import (
+    JSON,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    UniqueConstraint,
+    create_engine,
+    delete,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from coordinator.schemas import (
+    TERMINAL_STATES,
+    DecisionRecord,
+    JobSpec,
+    JobStatus,
+    TelemetryPoint,
+    Transition,
+)
+from workers.protocol import PHASES, ModelProfile
+
+# Which state may follow which. Anything else is a bug or a race we refuse to record.
+ALLOWED_TRANSITIONS: dict[str | None, frozenset[str]] = {
+    None: frozenset({"queued"}),
+    "queued": frozenset({"running", "failed", "cancelled"}),
+    "running": frozenset({"succeeded", "failed", "cancelled"}),
+}
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(String(2000), default="")
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    worker_token: Mapped[str] = mapped_column(String(128))
+    policy_mode: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+    #: Logical CPUs/GPUs the launcher set aside for this job while it runs.
+    reserved_cpus: Mapped[float] = mapped_column(Float, default=0.0)
+    reserved_gpus: Mapped[float] = mapped_column(Float, default=0.0)
+    # The latest telemetry report (the "snapshot"); report_seq counts reports.
+    report_seq: Mapped[int] = mapped_column(Integer, default=0)
+    reported_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    samples_per_second: Mapped[float | None] = mapped_column(Float, nullable=True)
+    bandwidth: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency: Mapped[float | None] = mapped_column(Float, nullable=True)
+    phase_seconds: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    bytes_sent_per_step: Mapped[float | None] = mapped_column(Float, nullable=True)
+    world_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    grad_norm: Mapped[float | None] = mapped_column(Float, nullable=True)
+    compressor: Mapped[str] = mapped_column(String(32))
+    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The worker's ModelProfile (JSON), for the policy's cost model and the compression ratio.
+    profile: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    decision_version: Mapped[int] = mapped_column(Integer, default=0)
+    last_history_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class EventRow(Base):
+    """Everything a watcher should hear about, in order: kind is state, decision or policy."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(16))
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class DecisionRow(Base):
+    __tablename__ = "decisions"
+    __table_args__ = (UniqueConstraint("job_id", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    compressor: Mapped[str] = mapped_column(String(32))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reason: Mapped[str] = mapped_column(String(2000))
+    predicted_gain: Mapped[float | None] = mapped_column(Float, nullable=True)
+    source: Mapped[str] = mapped_column(String(16))
+    at: Mapped[float] = mapped_column(Float)
+
+
+class TelemetryRow(Base):
+    __tablename__ = "telemetry"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    step: Mapped[int] = mapped_column(Integer)
+    point: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job row as the domain code sees it (including the fields the API never shows)."""
+
+    id: str
+    name: str
+    state: str
+    reason: str
+    spec: JobSpec
+    worker_token: str
+    policy_mode: str
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    updated_at: float
+    reserved_cpus: float
+    reserved_gpus: float
+    report_seq: int
+    reported_at: float | None
+    step: int
+    steps: int | None
+    loss: float | None
+    samples_per_second: float | None
+    bandwidth: float | None
+    latency: float | None
+    phase_seconds: dict[str, float]
+    bytes_sent_per_step: float | None
+    world_size: int | None
+    grad_norm: float | None
+    compressor: str
+    rank: int | None
+    ratio: float | None
+    profile: ModelProfile | None
+    decision_version: int
+    last_history_at: float | None
+    summary: dict[str, Any] | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def step_seconds(self) -> float | None:
+        parts = [self.phase_seconds[p] for p in PHASES if p in self.phase_seconds]
+        return sum(parts) if parts else None
+
+    def status(self) -> JobStatus:
+        return JobStatus(
+            id=self.id, name=self.name, state=self.state, reason=self.reason,  # type: ignore[arg-type]
+            created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
+            updated_at=self.updated_at, step=self.step, steps=self.steps, loss=self.loss,
+            samples_per_second=self.samples_per_second, compressor=self.compressor, rank=self.rank,
+            ratio=self.ratio, bandwidth_bytes_per_second=self.bandwidth, latency_seconds=self.latency,
+            phase_seconds=dict(self.phase_seconds), step_seconds=self.step_seconds,
+            bytes_sent_per_step=self.bytes_sent_per_step, world_size=self.world_size,
+            workers=self.spec.workers, decision_version=self.decision_version,
+            policy_mode=self.policy_mode,  # type: ignore[arg-type]
+            spec=self.spec, summary=self.summary,
+        )
+
+    def live_point(self) -> TelemetryPoint | None:
+        """The latest report as a chart point (the live page gets every report, not only
+        the downsampled ones)."""
+        if self.reported_at is None:
+            return None
+        return TelemetryPoint(
+            at=self.reported_at, step=self.step, loss=self.loss,
+            samples_per_second=self.samples_per_second, bandwidth_bytes_per_second=self.bandwidth,
+            latency_seconds=self.latency, compressor=self.compressor, rank=self.rank, ratio=self.ratio,
+            phase_seconds=dict(self.phase_seconds), step_seconds=self.step_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    id: int
+    job_id: str
+    at: float
+    kind: str
+    data: dict[str, Any]
+
+
+class InvalidTransition(RuntimeError):
+    def __init__(self, job_id: str, from_state: str, to_state: str) -> None:
+        super().__init__(f"job {job_id} is {from_state}; it cannot become {to_state}")
+        self.from_state = from_state
+        self.to_state = to_state
+
+
+def _record(row: JobRow) -> JobRecord:
+    values = {name: getattr(row, name) for name in JobRecord.__dataclass_fields__ if name != "spec"}
+    values["phase_seconds"] = dict(row.phase_seconds or {})
+    values["profile"] = ModelProfile.model_validate(row.profile) if row.profile else None
+    return JobRecord(spec=JobSpec.model_validate(row.spec), **values)
+
+
+def _decision(row: DecisionRow) -> DecisionRecord:
+    return DecisionRecord(
+        version=row.version, compressor=row.compressor, params=dict(row.params), reason=row.reason,
+        predicted_gain=row.predicted_gain, source=row.source, at=row.at,  # type: ignore[arg-type]
+    )
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with SQLite tuned for one writer and many readers (WAL, busy timeout)."""
+    is_sqlite = url.startswith("sqlite")
+    if is_sqlite and url.startswith("sqlite:///") and ":memory:" not in url:
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    kwargs: dict[str, Any] = {}
+    if is_sqlite:
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    engine = create_engine(url, **kwargs)
+    if is_sqlite:
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+    return engine
+
+
+class Store:
+    """Typed access to the coordinator's tables. Thread-safe: writes are serialised by a lock
+    (SQLite allows one writer anyway), reads run concurrently."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = make_engine(url)
+        Base.metadata.create_all(self.engine)
+        self._write_lock = threading.RLock()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with self._write_lock, Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    # ---- jobs ----------------------------------------------------------------------------
+
+    def create_job(self, *, job_id: str, spec: JobSpec, worker_token: str, policy_mode: str,
+                   decision: DecisionRecord, now: float) -> JobRecord:
+        """Insert a queued job with its first decision (version 0: the spec's compression)."""
+        with self._write() as s:
+            row = JobRow(
+                id=job_id, name=spec.name, state="queued", reason="waiting for the launcher",
+                spec=spec.model_dump(mode="json"), worker_token=worker_token, policy_mode=policy_mode,
+                created_at=now, updated_at=now, steps=spec.steps, compressor=decision.compressor,
+                rank=decision.params.get("rank"), ratio=decision.params.get("ratio"),
+                decision_version=decision.version, phase_seconds={},
+                reserved_cpus=0.0, reserved_gpus=0.0, report_seq=0, step=0,
+            )
+            s.add(row)
+            s.flush()
+            self._add_event(s, job_id, now, "state", Transition(
+                at=now, from_state=None, to_state="queued", reason="submitted").model_dump())
+            self._add_decision(s, job_id, decision)
+            return _record(row)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._read() as s:
+            row = s.get(JobRow, job_id)
+            return _record(row) if row else None
+
+    def list_jobs(self, *, state: str | None = None, limit: int = 200) -> list[JobRecord]:
+        query = select(JobRow).order_by(JobRow.created_at.desc()).limit(limit)
+        if state:
+            query = query.where(JobRow.state == state)
+        with self._read() as s:
+            return [_record(row) for row in s.scalars(query)]
+
+    def jobs_in(self, *states: str) -> list[JobRecord]:
+        """Jobs in these states, oldest first (the launch queue's order)."""
+        query = select(JobRow).where(JobRow.state.in_(states)).order_by(JobRow.created_at)
+        with self._read() as s:
+            return [_record(row) for row in s.scalars(query)]
+
+    def counts_by_state(self) -> dict[str, int]:
+        with self._read() as s:
+            return dict(s.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).all())
+
+    def transition(self, job_id: str, to_state: str, reason: str, now: float, *,
+                   expect: str | None = None, **columns: Any) -> JobRecord:
+        """Move a job to ``to_state`` and record the transition, refusing illegal moves.
+        ``expect`` guards against races: the move happens only from that state."""
+        with self._write() as s:
+            row = s.get(JobRow, job_id)
+            if row is None:
+                raise KeyError(job_id)
+            if to_state not in ALLOWED_TRANSITIONS.get(row.state, frozenset()) or (
+                expect is not None and row.state != expect
+            ):
+                raise InvalidTransition(job_id, row.state, to_state)
+            from_state, row.state, row.reason, row.updated_at = row.state, to_state, reason, now
+            if to_state == "running":
+                row.started_at = now
+            if to_state in TERMINAL_STATES:
+                row.finished_at = now
+                row.reserved_cpus = row.reserved_gpus = 0.0
+            for name, value in columns.items():
+                setattr(row, name, value)
+            self._add_event(s, job_id, now, "state", Transition(
+                at=now, from_state=from_state, to_state=to_state, reason=reason).model_dump())  # type: ignore[arg-type]
+            return _record(row)
+
+    def update_job(self, job_id: str, **columns: Any) -> JobRecord:
+        """Change bookkeeping columns (reason, reservations) without an event."""
+        with self._write() as s:
+            row = s.get(JobRow, job_id)
+            if row is None:
+                raise KeyError(job_id)
+            for name, value in columns.items():
+                setattr(row, name, value)
+            return _record(row)
+
+    def record_report(self, job_id: str, *, snapshot: dict[str, Any], history: TelemetryPoint | None,
+                      decision: DecisionRecord | None, start_running: bool, now: float,
+                      max_rows: int) -> JobRecord:
+        """Apply one telemetry report: the snapshot, maybe a history row, maybe a new decision,
+        and queued → running when a worker is evidently running. One transaction."""
+        with self._write() as s:
+            row = s.get(JobRow, job_id)
+            if row is None:
+                raise KeyError(job_id)
+            if start_running and row.state == "queued":
+                row.state, row.started_at, row.reason = "running", now, "telemetry received"
+                self._add_event(s, job_id, now, "state", Transition(
+                    at=now, from_state="queued", to_state="running", reason="telemetry received").model_dump())
+            for name, value in snapshot.items():
+                setattr(row, name, value)
+            row.report_seq += 1
+            row.reported_at = row.updated_at = now
+            if history is not None:
+                row.last_history_at = now
+                s.add(TelemetryRow(job_id=job_id, at=history.at, step=history.step,
+                                   point=history.model_dump(mode="json")))
+                self._thin_history(s, job_id, max_rows)
+            if decision is not None:
+                self._add_decision(s, job_id, decision)
+                row.decision_version = decision.version
+            return _record(row)
+
+    def set_decision(self, job_id: str, decision: DecisionRecord, *, policy_mode: str,
+                     now: float) -> JobRecord:
+        """Store an operator's decision (pin) or a policy change, with its event."""
+        with self._write() as s:
+            row = s.get(JobRow, job_id)
+            if row is None:
+                raise KeyError(job_id)
+            row.policy_mode, row.updated_at = policy_mode, now
+            self._add_event(s, job_id, now, "policy", {"mode": policy_mode, "at": now})
+            if decision.version > row.decision_version:
+                self._add_decision(s, job_id, decision)
+                row.decision_version = decision.version
+            return _record(row)
+
+    # ---- decisions, history, events ------------------------------------------------------
+
+    def latest_decision(self, job_id: str) -> DecisionRecord | None:
+        query = (select(DecisionRow).where(DecisionRow.job_id == job_id)
+                 .order_by(DecisionRow.version.desc()).limit(1))
+        with self._read() as s:
+            row = s.scalars(query).first()
+            return _decision(row) if row else None
+
+    def decisions(self, job_id: str) -> list[DecisionRecord]:
+        query = select(DecisionRow).where(DecisionRow.job_id == job_id).order_by(DecisionRow.version)
+        with self._read() as s:
+            return [_decision(row) for row in s.scalars(query)]
+
+    def telemetry(self, job_id: str) -> list[TelemetryPoint]:
+        query = select(TelemetryRow).where(TelemetryRow.job_id == job_id).order_by(TelemetryRow.id)
+        with self._read() as s:
+            return [TelemetryPoint.model_validate(row.point) for row in s.scalars(query)]
+
+    def transitions(self, job_id: str) -> list[Transition]:
+        return [Transition.model_validate(e.data) for e in self.events_after(job_id, 0) if e.kind == "state"]
+
+    def events_after(self, job_id: str, after_id: int) -> list[StoredEvent]:
+        query = (select(EventRow).where(EventRow.job_id == job_id, EventRow.id > after_id)
+                 .order_by(EventRow.id))
+        with self._read() as s:
+            return [StoredEvent(e.id, e.job_id, e.at, e.kind, dict(e.data)) for e in s.scalars(query)]
+
+    def last_event_id(self, job_id: str) -> int:
+        with self._read() as s:
+            return s.scalar(select(func.max(EventRow.id)).where(EventRow.job_id == job_id)) or 0
+
+    @staticmethod
+    def _add_event(s: Session, job_id: str, at: float, kind: str, data: dict[str, Any]) -> None:
+        s.add(EventRow(job_id=job_id, at=at, kind=kind, data=data))
+
+    def _add_decision(self, s: Session, job_id: str, d: DecisionRecord) -> None:
+        s.add(DecisionRow(job_id=job_id, version=d.version, compressor=d.compressor, params=d.params,
+                          reason=d.reason, predicted_gain=d.predicted_gain, source=d.source, at=d.at))
+        self._add_event(s, job_id, d.at, "decision", d.model_dump(mode="json"))
+
+    @staticmethod
+    def _thin_history(s: Session, job_id: str, max_rows: int) -> None:
+        """Past ``max_rows``, drop every second row of the older half: the history stays
+        bounded and keeps covering the whole run, at a coarser grain for older parts."""
+        count = s.scalar(select(func.count()).where(TelemetryRow.job_id == job_id)) or 0
+        if count <= max_rows:
+            return
+        ids = list(s.scalars(select(TelemetryRow.id).where(TelemetryRow.job_id == job_id)
+                             .order_by(TelemetryRow.id).limit(count // 2)))
+        doomed = ids[1::2]
+        s.execute(delete(TelemetryRow).where(TelemetryRow.id.in_(doomed)))

@@ -1,0 +1,68 @@
+"""The adaptive loop around ``compressors.policy.decide``, on a frozen clock."""
+
+from compressors.policy import PolicyConfig
+from coordinator.decisions import DecisionLoop
+from coordinator.schemas import DecisionRecord, PinnedPolicy
+from workers.protocol import CompressionConfig, ModelProfile, Telemetry
+
+ADAPTIVE = CompressionConfig(mode="adaptive", compressor="acpsgd", rank=4)
+PROFILE = ModelProfile(shapes=[[1024, 1024], [1024]], forward_s=0.002, backward_s=0.004)
+PHASES = {"data": 0.001, "forward": 0.004, "backward": 0.009, "exposed_comm": 0.003, "optimizer": 0.001}
+FAST, SLOW = 40e9 / 8, 0.1e9 / 8  # bytes/s: the 4 MB model is best uncompressed / compressed
+DWELL = PolicyConfig().min_dwell_s
+
+
+def tele(step, bandwidth, profile=None):
+    return Telemetry(step=step, bandwidth_bytes_per_second=bandwidth, latency_seconds=1e-4, phase_seconds=PHASES,
+                     world_size=2, profile=profile)
+
+
+def test_fixed_and_pinned_jobs_are_not_steered():
+    loop, v0 = DecisionLoop(), DecisionLoop.initial(ADAPTIVE, 0.0)
+    for mode in ("fixed", "pinned"):
+        assert loop.on_report("j", mode, ADAPTIVE, v0, tele(10, FAST, PROFILE), PROFILE, 1.0) is None
+
+
+def test_waits_for_bandwidth_and_profile():
+    loop, v0 = DecisionLoop(), DecisionLoop.initial(ADAPTIVE, 0.0)
+    assert loop.on_report("j", "adaptive", ADAPTIVE, v0, tele(10, FAST), None, 1.0) is None
+    assert loop.on_report("j", "adaptive", ADAPTIVE, v0, tele(10, None, PROFILE), PROFILE, 2.0) is None
+
+
+def test_switch_is_versioned_with_reason_and_gain_then_dwell_holds_it():
+    loop, v0 = DecisionLoop(), DecisionLoop.initial(ADAPTIVE, 0.0)
+    assert (v0.version, v0.compressor, v0.params, v0.source) == (0, "acpsgd", {"warmup_steps": 0, "rank": 4}, "config")
+    v1 = loop.on_report("j", "adaptive", ADAPTIVE, v0, tele(20, FAST, PROFILE), PROFILE, 10.0)
+    assert (v1.version, v1.compressor, v1.params, v1.source, v1.at) == (1, "none", {}, "policy", 10.0)
+    assert v1.reason.startswith("none predicted") and "vs acpsgd-r4" in v1.reason
+    assert 0.1 < v1.predicted_gain < 1
+    # the link collapses; the policy's minimum dwell holds the switch back until it has passed
+    for t in range(11, int(10 + DWELL)):
+        assert loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(20 + t, SLOW), PROFILE, float(t)) is None, t
+    v2 = loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(100, SLOW), PROFILE, 10.0 + DWELL + 1)
+    assert (v2.version, v2.compressor, v2.source) == (2, "acpsgd", "policy")
+
+
+def test_after_a_restart_the_dwell_counts_from_the_last_stored_switch():
+    loop = DecisionLoop()  # a fresh process: no policy state in memory
+    last = DecisionRecord(version=3, compressor="none", params={}, reason="", source="policy", at=100.0)
+    assert loop.on_report("j", "adaptive", ADAPTIVE, last, tele(200, SLOW, PROFILE), PROFILE, 100.0 + DWELL / 2) is None
+    assert loop.on_report("j", "adaptive", ADAPTIVE, last, tele(210, SLOW, PROFILE), PROFILE,
+                          101.0 + DWELL).version == 4
+
+
+def test_pin_then_release_switches_at_the_next_report():
+    loop, v0 = DecisionLoop(), DecisionLoop.initial(ADAPTIVE, 0.0)
+    v1 = loop.pin("j", PinnedPolicy(mode="pinned", compressor="powersgd", rank=8), v0, 5.0)
+    assert (v1.version, v1.compressor, v1.params, v1.source, v1.reason) == (
+        1, "powersgd", {"rank": 8}, "pinned", "pinned by operator: powersgd-r8")
+    loop.release("j")
+    v2 = loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(20, FAST, PROFILE), PROFILE, 6.0)
+    assert (v2.version, v2.compressor) == (2, "none")
+
+
+def test_allowed_list_and_rank_bounds_reach_the_policy():
+    cfg = CompressionConfig(mode="adaptive", compressor="powersgd", rank=8, allowed=["powersgd"], min_rank=8,
+                            max_rank=8)
+    v0 = DecisionLoop.initial(cfg, 0.0)
+    assert DecisionLoop().on_report("j", "adaptive", cfg, v0, tele(20, FAST, PROFILE), PROFILE, 1.0) is None

@@ -1,0 +1,33 @@
+"""Metric bookkeeping: a finished job's series disappear after the grace period."""
+
+from coordinator.metrics import CoordinatorMetrics
+from prometheus_client import generate_latest
+from support.api import telemetry
+from workers.protocol import Telemetry
+
+
+def test_finished_job_series_are_removed_after_the_grace_period():
+    metrics = CoordinatorMetrics(lambda: {"succeeded": 1}, grace_s=60)
+    metrics.observe_report("job1", Telemetry(**telemetry(5)), previous_step=0, shapes=None)
+    metrics.observe_report("job2", Telemetry(**telemetry(5)), previous_step=0, shapes=None)
+    metrics.record_switch("job1")
+    metrics.job_finished("job1", now=1000.0)
+    metrics.sweep(now=1059.0)
+    assert 'job="job1"' in generate_latest(metrics.registry).decode()
+    metrics.sweep(now=1061.0)
+    text = generate_latest(metrics.registry).decode()
+    assert 'job="job1"' not in text
+    assert 'gradwire_step_phase_seconds_count{job="job2",phase="backward"} 1.0' in text
+    assert 'gradwire_jobs{state="succeeded"} 1.0' in text
+
+
+def test_every_metric_of_the_design_is_exported():
+    metrics = CoordinatorMetrics(lambda: {}, grace_s=60)
+    metrics.observe_report("j", Telemetry(**telemetry(5), profile={"shapes": [[64, 64]]}), previous_step=0,
+                           shapes=[[64, 64]])
+    metrics.record_switch("j")
+    text = generate_latest(metrics.registry).decode()
+    for name in ("step_phase_seconds", "step_seconds", "samples_per_second", "train_loss",
+                 "network_bandwidth_bytes_per_second", "network_latency_seconds", "comm_bytes_total",
+                 "compression_ratio", "compressor_info", "policy_switches_total", "jobs"):
+        assert f"# TYPE gradwire_{name} " in text, name
