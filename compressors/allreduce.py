@@ -29,6 +29,6 @@ class CastAllReduce(Compressor):
         self.dtype = dtype
 
     def encode_decode(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
-        compressed = buffer.to(self.dtype).div_(world_size)
+        compressed = buffer.div_(world_size).to(self.dtype)
         reduced = yield AllReduce(compressed)
         buffer.copy_(reduced)

@@ -124,6 +124,10 @@ class Compressor(ABC):
         """
         return {}
 
+    def residuals(self) -> dict[str, torch.Tensor]:
+        """The error-feedback residuals, left in place (read-only use)."""
+        return {}
+
 
 class ErrorFeedbackCompressor(Compressor):
     """A lossy compressor that keeps what it left out and adds it to the next gradient."""
@@ -141,6 +145,9 @@ class ErrorFeedbackCompressor(Compressor):
 
     def take_residuals(self) -> dict[str, torch.Tensor]:
         return self.memory.take()
+
+    def residuals(self) -> dict[str, torch.Tensor]:
+        return self.memory.peek()
 
 
 def mean_allreduce(buffer: torch.Tensor, world_size: int) -> BucketJob:

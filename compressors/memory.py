@@ -42,6 +42,10 @@ class ErrorFeedback:
         residuals, self._residuals = self._residuals, {}
         return residuals
 
+    def peek(self) -> dict[str, torch.Tensor]:
+        """The residuals by parameter, left in place."""
+        return dict(self._residuals)
+
     def state_dict(self) -> dict[str, Any]:
         return {key: value.detach().cpu().clone() for key, value in self._residuals.items()}
 

@@ -70,12 +70,13 @@ class EFSignSGD(ErrorFeedbackCompressor):
 
         gathered = yield AllGather(payload)  # (N, len) uint8
 
-        all_floats = gathered[:, : 4 * float_count].contiguous().view(torch.float32)
+        # reshape(-1) makes the rows one contiguous run, so the bytes can be read as fp32.
+        all_floats = gathered[:, : 4 * float_count].reshape(-1).view(torch.float32).view(world_size, float_count)
         weights = all_floats[:, : len(compressed)] / world_size  # (N, tensors)
         offset = 4 * float_count
         for index, (slot, nbytes) in enumerate(zip(compressed, sign_bytes)):
             signs = unpack_signs(gathered[:, offset : offset + nbytes], slot.grad.numel())  # (N, numel)
-            torch.matmul(weights[:, index], signs, out=slot.grad.view(-1))
+            torch.mv(signs.t(), weights[:, index], out=slot.grad.view(-1))
             offset += nbytes
         float_offset = len(compressed)
         for slot in plain:

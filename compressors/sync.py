@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -78,7 +78,9 @@ class _OrderedRound:
         self.group = group
         self._next = 0
         self._waiting: dict[int, Callable[[dist.ProcessGroup | None], None] | None] = {}
-        self._lock = threading.Lock()
+        # Re-entrant: a collective that completes at once runs its callback inline, which
+        # may finish the bucket and submit to this queue again from inside submit().
+        self._lock = threading.RLock()
 
     def submit(self, seq: int, launch: Callable[[dist.ProcessGroup | None], None] | None) -> None:
         """Queue bucket ``seq``'s collective for this round (``None``: it has none)."""
@@ -128,11 +130,24 @@ class GradientSync:
         """Register the hook on a DDP-wrapped model. Call once, before the first backward."""
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"install() needs a DistributedDataParallel model, got {type(ddp_model).__name__}")
-        self._names = {param.data_ptr(): name for name, param in ddp_model.module.named_parameters() if param.requires_grad}
-        self._later_rounds = [_OrderedRound(self._new_group()) for _ in range(MAX_ROUNDS - 1)]
-        self._bucket_seq = 0
+        self.bind(ddp_model.module.named_parameters())
         ddp_model.register_comm_hook(self, _comm_hook)
         return self
+
+    def bind(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]]) -> "GradientSync":
+        """Learn the parameters' names (state is keyed by name) and set up later rounds' groups.
+
+        ``install()`` calls it; call it yourself only to drive :meth:`hook` without DDP
+        (benchmarks do). Collective when the world has more than one rank.
+        """
+        self._names = {param.data_ptr(): name for name, param in named_parameters if param.requires_grad}
+        self._later_rounds = [_OrderedRound(self._new_group()) for _ in range(MAX_ROUNDS - 1)]
+        self._bucket_seq = 0
+        return self
+
+    def hook(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """The communication hook for one bucket: a future of the bucket's mean gradient."""
+        return self._on_bucket(bucket)
 
     def _new_group(self) -> dist.ProcessGroup | None:
         """A process group over the same ranks (collective: every rank calls install())."""
@@ -149,17 +164,32 @@ class GradientSync:
         with self._lock:
             return self._stats
 
+    @property
+    def error(self) -> GradientSyncError | None:
+        """The last failure inside the hook. DDP re-raises it from backward() as a
+        RuntimeError carrying only its text; this keeps the typed error and its cause."""
+        return self._error
+
     def last_step(self) -> StepRecord | None:
         """The record of the last step whose communication completed."""
         return self._last
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly: compressor spec and state, carried residuals, stats."""
-        compressor = self._pending or self._compressor
+        carry = {key: value.detach().cpu().clone() for key, value in self._carry.items()}
+        if self._pending is None:
+            compressor = self._compressor
+        else:
+            # Save what the next step will see: the pending compressor, with the current
+            # one's residuals already carried over (as _begin_step will do).
+            compressor = self._pending
+            for key, residual in self._compressor.residuals().items():
+                residual = residual.detach().cpu()
+                carry[key] = carry[key] + residual.view_as(carry[key]) if key in carry else residual.clone()
         return {
             "spec": spec_to_dict(compressor.spec),
             "compressor": compressor.state_dict(),
-            "carry": {key: value.detach().cpu().clone() for key, value in self._carry.items()},
+            "carry": carry,
             "stats": asdict(self.stats()),
         }
 
@@ -174,6 +204,12 @@ class GradientSync:
 
     # -- the hook ----------------------------------------------------------------------
     def _on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        # DDP reads a future's *value* in C++, where a Python-side set_exception() is just an
+        # object that cannot be cast to a Tensor. Unwrapping through .then() turns a failure
+        # into a real error of the returned future, so backward() raises with our message.
+        return self._bucket_future(bucket).then(_unwrap)
+
+    def _bucket_future(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
         result: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
         now = time.perf_counter()
@@ -193,7 +229,7 @@ class GradientSync:
             for slot in slots:
                 carried = self._carry.pop(slot.key, None)
                 if carried is not None:
-                    slot.grad.add_(carried)
+                    slot.grad.add_(carried.view_as(slot.grad))
             world_size = dist.get_world_size(self.process_group)
             job = self._compressor.process(buffer, slots, world_size)
         except BaseException as exc:  # noqa: BLE001 - reported through the future, never swallowed
@@ -328,6 +364,10 @@ class GradientSync:
         error.__cause__ = exc
         self._error = error
         result.set_exception(error)
+
+
+def _unwrap(future: torch.futures.Future) -> torch.Tensor:
+    return future.value()
 
 
 @dataclass

@@ -81,6 +81,19 @@ class CompressionConfig(_Strict):
         return params
 
 
+class ScheduledDecision(_Strict):
+    """A compressor to use from ``step`` on: scripted switches for benchmarks and tests."""
+
+    step: int = Field(ge=0)
+    compressor: str
+    params: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _valid(self) -> "ScheduledDecision":
+        make_spec(self.compressor, **self.params)
+        return self
+
+
 class TrainConfig(_Strict):
     """Everything one training job needs; what every worker receives."""
 
@@ -106,6 +119,12 @@ class TrainConfig(_Strict):
     sync_every: int = Field(default=5, ge=1, le=100_000)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     bucket_cap_mb: float = Field(default=25.0, gt=0, le=10_000)
+    #: Scripted compressor switches (overrides the policy when set).
+    schedule: list[ScheduledDecision] | None = None
+    #: Synthetic image side (e.g. 224 for ImageNet-sized inputs); None = the dataset default.
+    image_size: int | None = Field(default=None, ge=8, le=1024)
+    #: Where ``--no-ray`` runs keep checkpoints (Ray Train uses its own storage).
+    checkpoint_dir: str | None = None
     #: Set by the coordinator: where rank 0 posts telemetry and reads decisions.
     coordinator_url: str | None = None
     job_id: str | None = None
@@ -176,10 +195,16 @@ class ModelProfile(_Strict):
     shapes: list[list[int]]
     #: Parameter indices (into ``shapes``) of each DDP bucket, in the order buckets fire.
     buckets: list[list[int]] = []
-    forward_s: float = 0.0
-    backward_s: float = 0.0
+    forward_s: float = Field(default=0.0, ge=0)
+    #: Backward *compute* (measured with uncompressed communication excluded as far as possible).
+    backward_s: float = Field(default=0.0, ge=0)
+    optimizer_s: float = Field(default=0.0, ge=0)
     #: Calibrated encode+decode seconds per step, by compressor label (e.g. "acpsgd-r4").
     codec_s: dict[str, float] = {}
+    #: Calibrated seconds per element pass (costmodel.codec_work), by compressor name, for
+    #: labels that were not timed themselves (other ranks of the same compressor).
+    codec_per_element_s: dict[str, float] = {}
+    device: str = "cpu"
 
 
 class Telemetry(_Strict):

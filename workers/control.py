@@ -1,0 +1,228 @@
+"""Telemetry out, decisions in, and agreement on the step where every rank switches.
+
+- A :class:`TelemetrySink` takes rank 0's reports: the coordinator over HTTP, a Ray actor
+  (``gradwire train``'s live progress) or a plain list (tests, ``--no-ray``).
+- A :class:`DecisionSource` says which compressor should be in force: the in-process
+  adaptive policy (no coordinator) or the coordinator over HTTP. A source that fails or is
+  unreachable never stops training: the last decision stays in force.
+- :class:`SwitchAgreement`: every ``sync_every`` steps rank 0 broadcasts (decision version,
+  compressor, parameters, probe-now) in one tiny collective, so every rank switches at the
+  same step and probes the link together. Each rank keeps its own record of what was in
+  force from which step, which tests read back.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import torch.distributed as dist
+
+from workers.adaptive import AdaptiveController
+from workers.protocol import CompressionConfig, Decision, Telemetry
+
+log = logging.getLogger(__name__)
+
+
+class TelemetrySink(Protocol):
+    def send(self, telemetry: Telemetry) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DecisionSource(Protocol):
+    def current(self) -> Decision | None:
+        """The latest decision known (never blocks on the network)."""
+
+    def observe(self, telemetry: Telemetry) -> None:
+        """Telemetry rank 0 just produced (an in-process policy decides from it)."""
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+class ListSink:
+    """Keeps every report in memory; for tests and single-process runs."""
+
+    def __init__(self) -> None:
+        self.reports: list[Telemetry] = []
+
+    def send(self, telemetry: Telemetry) -> None:
+        self.reports.append(telemetry)
+
+    def close(self) -> None:
+        pass
+
+
+class CallbackSink:
+    """Hands each report to a function (a Ray actor's ``push.remote``, a queue's ``put``)."""
+
+    def __init__(self, callback: Callable[[dict[str, Any]], Any]) -> None:
+        self._callback = callback
+
+    def send(self, telemetry: Telemetry) -> None:
+        try:
+            self._callback(telemetry.model_dump(mode="json"))
+        except Exception:  # noqa: BLE001 - progress display must never stop training
+            log.warning("progress sink failed", exc_info=True)
+
+    def close(self) -> None:
+        pass
+
+
+class CoordinatorClient:
+    """Rank 0's link to the coordinator: posts telemetry, fetches decisions, in the background.
+
+    Posting never blocks the training loop: reports go into a one-slot queue (the newest
+    wins) and a thread sends them, retrying with exponential backoff while the coordinator
+    is unreachable. The same thread polls ``GET .../decision``; ``current()`` returns the
+    last decision it got.
+    """
+
+    def __init__(self, base_url: str, job_id: str, token: str | None, *, poll_s: float = 1.0, timeout_s: float = 5.0) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self._job = job_id
+        self._poll_s = poll_s
+        self._outbox: queue.Queue[Telemetry] = queue.Queue(maxsize=1)
+        self._decision: Decision | None = None
+        self._stop = threading.Event()
+        self._backoff_s = 0.0
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="gradwire-coordinator-client", daemon=True)
+        self._thread.start()
+
+    # sink
+    def send(self, telemetry: Telemetry) -> None:
+        try:
+            self._outbox.get_nowait()  # drop an unsent older report: the newest one matters
+        except queue.Empty:
+            pass
+        self._outbox.put_nowait(telemetry)
+
+    # source
+    def current(self) -> Decision | None:
+        return self._decision
+
+    def observe(self, telemetry: Telemetry) -> None:
+        pass  # the coordinator decides from the telemetry it receives
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._client.close()
+
+    def _run(self) -> None:
+        next_poll = 0.0
+        while not self._stop.is_set():
+            try:
+                report = self._outbox.get(timeout=min(self._poll_s, 0.2))
+            except queue.Empty:
+                report = None
+            if self._backoff_s and self._stop.wait(self._backoff_s):
+                break
+            try:
+                if report is not None:
+                    response = self._client.post(f"/v1/jobs/{self._job}/telemetry", json=report.model_dump(mode="json"))
+                    response.raise_for_status()
+                if time.monotonic() >= next_poll:
+                    response = self._client.get(f"/v1/jobs/{self._job}/decision")
+                    if response.status_code == 200:
+                        self._decision = Decision.model_validate(response.json())
+                    next_poll = time.monotonic() + self._poll_s
+                self._backoff_s = 0.0
+            except Exception as exc:  # noqa: BLE001 - unreachable coordinator: keep training
+                self.failures += 1
+                self._backoff_s = min(30.0, max(0.5, self._backoff_s * 2))
+                log.warning("coordinator unreachable (%s); retrying in %.1f s", exc, self._backoff_s)
+                if report is not None:
+                    self.send(report)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+class FixedDecision:
+    """Keeps the job's configured compressor (compression mode 'fixed')."""
+
+    def __init__(self, decision: Decision) -> None:
+        self._decision = decision
+
+    def current(self) -> Decision | None:
+        return self._decision
+
+    def observe(self, telemetry: Telemetry) -> None:
+        pass
+
+
+class InProcessPolicy:
+    """The adaptive policy run on rank 0 itself, when there is no coordinator."""
+
+    def __init__(self, compression: CompressionConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.controller = AdaptiveController(compression)
+        self._clock = clock
+
+    def current(self) -> Decision | None:
+        return self.controller.decision
+
+    def observe(self, telemetry: Telemetry) -> None:
+        try:
+            outcome = self.controller.observe(telemetry, self._clock())
+        except Exception:  # noqa: BLE001 - a policy bug must not stop training
+            log.exception("adaptive policy failed; keeping the current decision")
+            return
+        if outcome.changed:
+            log.info("policy: switch to %s (%s)", outcome.decision.compressor, outcome.reason)
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One entry of a rank's own record: from ``step`` on, ``decision`` was in force."""
+
+    step: int
+    version: int
+    compressor: str
+    params: dict[str, Any]
+
+
+@dataclass
+class SwitchAgreement:
+    """Rank 0's choice, broadcast every ``sync_every`` steps; all ranks act on the same step."""
+
+    sync_every: int
+    group: dist.ProcessGroup | None = None
+    version: int = -1
+    history: list[Applied] = field(default_factory=list)
+
+    def due(self, step: int) -> bool:
+        return step % self.sync_every == 0
+
+    def exchange(self, step: int, proposal: Decision | None, probe_now: bool) -> tuple[Decision | None, bool]:
+        """Collective. Rank 0's (decision, probe_now) reach every rank.
+
+        Returns the decision to apply *before* ``step`` if it is newer than the one in force
+        (else None), and whether to probe the link now.
+        """
+        message: list[Any] = [None]
+        if dist.get_rank() == 0:
+            message[0] = (proposal.model_dump() if proposal is not None else None, probe_now)
+        if dist.get_world_size() > 1:
+            dist.broadcast_object_list(message, src=0, group=self.group)
+        payload, probe = message[0]
+        if payload is None:
+            return None, probe
+        decision = Decision.model_validate(payload)
+        if decision.version <= self.version:
+            return None, probe
+        self.version = decision.version
+        self.history.append(Applied(step=step, version=decision.version, compressor=decision.compressor, params=decision.params))
+        return decision, probe

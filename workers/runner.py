@@ -1,0 +1,180 @@
+"""Run one training job: on Ray Train (``run_job``) or with plain torch multiprocessing (``run_local``).
+
+Both validate the job before any worker starts (bad model/dataset/batch combinations are
+refused with a clear ``ValueError``), run ``workers.loop`` on every worker and return the
+summary of design.md §3 (rank 0's), plus ``checkpoint_path`` where the final checkpoint
+(with every rank's own record) lies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from workers.protocol import TrainConfig
+
+#: Lowered so ray.train.report does not block ~2 s per call (see Ray Train v2 health checks).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+
+
+def validate(config: TrainConfig) -> None:
+    """Refuse a job that cannot run, before any worker starts."""
+    from workers.data import validate_combination
+
+    validate_combination(config.model, config.dataset, config.batch_size, config.max_workers, seq_len=config.seq_len)
+
+
+def run_job(
+    config: TrainConfig,
+    *,
+    storage_path: str | None = None,
+    resume: bool = True,
+    progress_actor: str | None = None,
+    run_name: str | None = None,
+) -> dict[str, Any]:
+    """Run ``config`` with ``ray.train.torch.TorchTrainer`` in the Ray cluster this process is connected to.
+
+    Blocks until the run ends; raises if it failed. ``resume``: a run of the same
+    ``run_name`` under ``storage_path`` continues from its latest checkpoint.
+    """
+    import ray
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from workers.loop import train_loop_per_worker
+
+    validate(config)
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), include_dashboard=False, log_to_driver=False)
+    storage = storage_path or str(Path(tempfile.gettempdir()) / "gradwire-runs")
+    name = run_name or f"{config.name}-{uuid.uuid4().hex[:8]}"
+    if not resume:
+        name = f"{name}-{uuid.uuid4().hex[:6]}"
+    workers = config.workers if isinstance(config.workers, int) else tuple(config.workers)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"train": config.model_dump(mode="json"), "progress_actor": progress_actor},
+        torch_config=TorchConfig(backend="nccl" if config.use_gpu else "gloo"),
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=config.use_gpu),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=storage,
+            failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+        ),
+    )
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+    return _summary_from(Path(result.checkpoint.path) if result.checkpoint else None, result.metrics)
+
+
+def _summary_from(checkpoint_dir: Path | None, metrics: dict[str, Any] | None) -> dict[str, Any]:
+    summary: dict[str, Any] = dict(metrics or {})
+    if checkpoint_dir is not None and (checkpoint_dir / "summary.json").exists():
+        summary = json.loads((checkpoint_dir / "summary.json").read_text())
+    summary["checkpoint_path"] = str(checkpoint_dir) if checkpoint_dir else None
+    return summary
+
+
+def rank_records(checkpoint_path: str) -> list[dict[str, Any]]:
+    """Each rank's own record (step → compressor, applied decisions) from a final checkpoint."""
+    directory = Path(checkpoint_path)
+    records = sorted(directory.glob("record*.json"), key=lambda p: int(p.stem.removeprefix("record")))
+    return [json.loads(path.read_text()) for path in records]
+
+
+# --------------------------------------------------------------------------- without Ray
+
+
+def run_local(
+    config: TrainConfig,
+    *,
+    checkpoint_dir: str | None = None,
+    progress: Callable[[dict[str, Any]], Any] | None = None,
+) -> dict[str, Any]:
+    """Run the same loop on ``config.workers`` local processes (gloo), without Ray; for debugging."""
+    import torch.multiprocessing as mp
+
+    validate(config)
+    world_size = config.max_workers
+    root = Path(checkpoint_dir or tempfile.mkdtemp(prefix="gradwire-local-"))
+    context = mp.get_context("spawn")
+    reports = context.Queue()
+    results = context.Queue()
+    port = _free_port()
+    processes = [
+        context.Process(target=_local_worker, args=(rank, world_size, port, config.model_dump(mode="json"), str(root), reports, results))
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    try:
+        while any(p.is_alive() for p in processes) or not results.empty():
+            _drain(reports, progress)
+            try:
+                rank, ok, payload = results.get(timeout=0.2)
+            except Exception:  # noqa: BLE001 - queue.Empty
+                continue
+            if not ok:
+                error = error or f"rank {rank} failed:\n{payload}"
+            elif rank == 0:
+                summary = payload
+        _drain(reports, progress)
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    if error or summary is None:
+        raise RuntimeError(error or "training processes ended without a summary")
+    latest = (root / "latest").read_text().strip() if (root / "latest").exists() else None
+    summary["checkpoint_path"] = str(root / latest) if latest else None
+    return summary
+
+
+def _drain(reports: Any, progress: Callable[[dict[str, Any]], Any] | None) -> None:
+    while True:
+        try:
+            report = reports.get_nowait()
+        except Exception:  # noqa: BLE001 - queue.Empty
+            return
+        if progress is not None:
+            progress(report)
+
+
+def _local_worker(rank: int, world_size: int, port: int, config: dict[str, Any], root: str, reports: Any, results: Any) -> None:
+    import traceback
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from workers.loop import LocalWorkerEnv, run_training
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                                timeout=timedelta(minutes=5))
+        cfg = TrainConfig.model_validate(config)
+        env = LocalWorkerEnv(rank, world_size, torch.device("cpu"), Path(root), progress=reports.put)
+        summary = run_training(cfg, env)
+        results.put((rank, True, summary))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,97 @@
+"""Per-phase step timing: one mechanism for the log, the telemetry and Prometheus.
+
+Phases of a training step (design.md §3): ``data``, ``forward``, ``backward`` (wall time,
+including communication that overlapped it), ``exposed_comm`` (waiting for communication
+after backward's compute ended) and ``optimizer``; from the communication hook, summed per
+step: ``compress``, ``communicate``, ``decompress``.
+
+On CPU phases are timed with ``perf_counter``. On GPU with CUDA events, read one step late
+so timing never forces a device synchronisation in the middle of a step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from compressors.sync import StepRecord
+from workers.protocol import ALL_PHASES, PHASES
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Seconds spent in each phase of one step, and when the step ended (wall clock)."""
+
+    step: int
+    seconds: dict[str, float]
+    ended_at: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds.get(phase, 0.0) for phase in PHASES if phase != "exposed_comm")
+
+
+class StepTimer:
+    """Times the phases of each step; keeps a window of recent steps for means."""
+
+    def __init__(self, device: torch.device, window: int = 50) -> None:
+        self.device = device
+        self._cuda = device.type == "cuda"
+        self._current: dict[str, float] = {}
+        self._events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._backward_end = 0.0
+        self.recent: deque[StepTiming] = deque(maxlen=window)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}")
+        if self._cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((name, start, end))
+        else:
+            started = time.perf_counter()
+            yield
+            self._current[name] = self._current.get(name, 0.0) + time.perf_counter() - started
+        if name == "backward":
+            self._backward_end = time.perf_counter()
+
+    def end_step(self, step: int, record: StepRecord | None) -> StepTiming:
+        """Close the step: add exposed communication and the hook's sums from ``record``."""
+        seconds = dict(self._current)
+        if self._cuda:
+            torch.cuda.current_stream().synchronize()
+            for name, start, end in self._events:
+                seconds[name] = seconds.get(name, 0.0) + start.elapsed_time(end) / 1e3
+        if record is not None:
+            seconds["exposed_comm"] = max(0.0, self._backward_end - record.last_bucket_at) if record.last_bucket_at else 0.0
+            seconds["compress"] = record.compress_s
+            seconds["communicate"] = record.communicate_s
+            seconds["decompress"] = record.decompress_s
+        for phase in ALL_PHASES:
+            seconds.setdefault(phase, 0.0)
+        timing = StepTiming(step=step, seconds=seconds, ended_at=time.time())
+        self.recent.append(timing)
+        self._current, self._events = {}, []
+        return timing
+
+    def means(self) -> dict[str, float]:
+        """Mean seconds per phase over the recent window."""
+        if not self.recent:
+            return {phase: 0.0 for phase in ALL_PHASES}
+        return {phase: sum(t.seconds[phase] for t in self.recent) / len(self.recent) for phase in ALL_PHASES}
+
+    def mean_step_s(self) -> float:
+        return sum(t.total_s for t in self.recent) / len(self.recent) if self.recent else 0.0
+
+    def reset_window(self) -> None:
+        """Forget recent steps (after a compressor switch the old means no longer apply)."""
+        self.recent.clear()
