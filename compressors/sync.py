@@ -104,8 +104,13 @@ class GradientSync:
         sync.switch(build("powersgd", rank=8))   # on every rank, between the same two steps
     """
 
-    def __init__(self, compressor: Compressor, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, compressor: Compressor, process_group: dist.ProcessGroup | None = None, *, pipelining: bool = True) -> None:
         self._compressor = compressor
+        #: False holds every bucket until backward has handed over the last one, then sends
+        #: them all: the "pipelining off" ablation of the paper (communication never overlaps
+        #: backward compute). True is the normal, overlapped mode.
+        self.pipelining = pipelining
+        self._held: list[Callable[[], None]] = []
         self._pending: Compressor | None = None
         self.process_group = process_group
         self._names: dict[int, str] = {}
@@ -237,7 +242,16 @@ class GradientSync:
             return result
         if bucket.is_last():
             self._compressor.end_step()
-        self._advance(job, None, result, buffer, record, _Flight(seq, bucket.index()))
+        flight = _Flight(seq, bucket.index())
+        start = lambda: self._advance(job, None, result, buffer, record, flight)  # noqa: E731
+        if self.pipelining:
+            start()
+        else:
+            self._held.append(start)
+            if bucket.is_last():
+                held, self._held = self._held, []
+                for begin in held:
+                    begin()
         return result
 
     def _begin_step(self, now: float) -> None:

@@ -22,10 +22,9 @@ import logging
 import math
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from compressors import GradientSync
-from compressors.base import from_spec, run_in_lockstep
+from compressors.base import GradSlot, from_spec, run_in_lockstep
 from compressors.costmodel import build_bucket_layout, codec_work
 from compressors.spec import CompressorSpec, make_spec, spec_to_dict
 from workers import checkpoint as ckpt
@@ -185,7 +184,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     total_steps = cfg.steps or cfg.epochs * batches_per_epoch(len(train_set), cfg.batch_size, env.world_size)  # type: ignore[operator]
     scheduler = _lr_schedule(cfg, optimizer, total_steps)
     first = make_spec(cfg.compression.compressor, **cfg.compression.compressor_params())
-    sync = GradientSync(from_spec(first)).install(ddp)
+    sync = GradientSync(from_spec(first), pipelining=cfg.pipelining).install(ddp)
     control_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
     agreement = SwitchAgreement(cfg.sync_every, group=control_group)
 
@@ -433,8 +432,6 @@ def calibrate_codecs(shapes: list[tuple[int, ...]], cfg: TrainConfig, world_size
         for _ in range(3 if name in ("powersgd", "acpsgd") else 2):  # first run warms the factors
             buffer = flat.clone()
             slots, offset = [], 0
-            from compressors.base import GradSlot
-
             for index, shape in enumerate(shapes):
                 size = math.prod(shape)
                 slots.append(GradSlot(key=f"p{index}", grad=buffer[offset:offset + size].view(shape), offset=offset))

@@ -119,6 +119,8 @@ class TrainConfig(_Strict):
     sync_every: int = Field(default=5, ge=1, le=100_000)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     bucket_cap_mb: float = Field(default=25.0, gt=0, le=10_000)
+    #: False: send every bucket only after backward ends (the paper's "pipelining off" ablation).
+    pipelining: bool = True
     #: Scripted compressor switches (overrides the policy when set).
     schedule: list[ScheduledDecision] | None = None
     #: Synthetic image side (e.g. 224 for ImageNet-sized inputs); None = the dataset default.

@@ -152,6 +152,25 @@ def _drain(reports: Any, progress: Callable[[dict[str, Any]], Any] | None) -> No
 
 def _local_worker(rank: int, world_size: int, port: int, config: dict[str, Any], root: str, reports: Any, results: Any) -> None:
     import traceback
+
+    try:
+        summary = run_rank(TrainConfig.model_validate(config), rank, world_size, f"tcp://127.0.0.1:{port}",
+                           checkpoint_root=Path(root), progress=reports.put)
+        results.put((rank, True, summary))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_rank(
+    config: TrainConfig,
+    rank: int,
+    world_size: int,
+    init_method: str,
+    *,
+    checkpoint_root: Path | None = None,
+    progress: Callable[[dict[str, Any]], Any] | None = None,
+) -> dict[str, Any]:
+    """Run one rank of a job in this process (gloo), e.g. inside a network namespace of the testbed."""
     from datetime import timedelta
 
     import torch
@@ -160,18 +179,12 @@ def _local_worker(rank: int, world_size: int, port: int, config: dict[str, Any],
     from workers.loop import LocalWorkerEnv, run_training
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(minutes=5))
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                                timeout=timedelta(minutes=5))
-        cfg = TrainConfig.model_validate(config)
-        env = LocalWorkerEnv(rank, world_size, torch.device("cpu"), Path(root), progress=reports.put)
-        summary = run_training(cfg, env)
-        results.put((rank, True, summary))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
-        results.put((rank, False, traceback.format_exc()))
+        env = LocalWorkerEnv(rank, world_size, torch.device("cpu"), checkpoint_root, progress=progress)
+        return run_training(config, env)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()
 
 
 def _free_port() -> int:

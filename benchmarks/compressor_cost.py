@@ -1,0 +1,259 @@
+"""Encode+decode cost per step of every compressor, beside PyTorch's own PowerSGD hooks.
+
+Only the gradient *shapes* of ResNet-50 (rank 4) and BERT-Base (rank 32) are needed: the
+gradients are random, split into DDP-like 25 MB buckets in reverse parameter order, and
+every method runs through its real DDP communication hook on a one-process gloo group
+(whose collectives cost next to nothing), so what is timed is the hook's own work:
+compression, orthogonalization, error feedback, decompression. Methods run round-robin,
+one step each per round, so machine noise hits all of them alike.
+
+    python benchmarks/compressor_cost.py --json-out benchmarks/results/compressor_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
+
+from compressors import GradientSync, build
+from compressors.costmodel import build_bucket_layout
+from workers.models import parameter_shapes
+
+WORKLOADS = {"resnet50": ("resnet50", 4), "bert-base": ("bert-base", 32)}
+OUR_METHODS = ("none", "fp16", "bf16", "signsgd", "topk", "powersgd", "acpsgd")
+TORCH_METHODS = ("torch_powersgd", "torch_batched_powersgd")
+BUCKET_CAP_BYTES = 25 * 1024 * 1024
+
+
+class Bucket:
+    """Stands in for ``dist.GradBucket`` (which has no Python constructor): the same methods."""
+
+    def __init__(self, index: int, buffer: torch.Tensor, params: list[torch.nn.Parameter], last: bool) -> None:
+        self._index, self._buffer, self._params, self._last = index, buffer, params, last
+        self._grads, offset = [], 0
+        for param in params:
+            self._grads.append(buffer[offset : offset + param.numel()].view(param.shape))
+            offset += param.numel()
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self._grads
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return self._params
+
+    def is_last(self) -> bool:
+        return self._last
+
+    def set_buffer(self, tensor: torch.Tensor) -> None:
+        self._buffer.copy_(tensor)
+
+
+@dataclass
+class Workload:
+    name: str
+    rank: int
+    shapes: list[tuple[int, ...]]
+    params: list[torch.nn.Parameter]
+    buckets: list[Bucket]
+    source: list[torch.Tensor]  # fresh random gradients, copied in before each step
+
+    def refill(self) -> None:
+        for bucket, grads in zip(self.buckets, self.source):
+            bucket.buffer().copy_(grads)
+
+
+def make_workload(name: str, model: str, rank: int, seed: int = 0) -> Workload:
+    shapes = parameter_shapes(model)
+    generator = torch.Generator().manual_seed(seed)
+    params = [torch.nn.Parameter(torch.empty(shape)) for shape in shapes]
+    layout = build_bucket_layout(shapes, BUCKET_CAP_BYTES)
+    buckets, source = [], []
+    for index, members in enumerate(layout):
+        size = sum(math.prod(shapes[i]) for i in members)
+        buckets.append(Bucket(index, torch.empty(size), [params[i] for i in members], index == len(layout) - 1))
+        source.append(torch.randn(size, generator=generator))
+    return Workload(name, rank, shapes, params, buckets, source)
+
+
+HookStep = Callable[[], None]
+
+
+def our_method(workload: Workload, name: str) -> tuple[HookStep, GradientSync]:
+    params = {"rank": workload.rank} if name in ("powersgd", "acpsgd") else {"ratio": 0.01} if name == "topk" else {}
+    sync = GradientSync(build(name, **params))
+    sync.bind((f"param{index}", param) for index, param in enumerate(workload.params))
+    return (lambda: run_step(workload, sync.hook)), sync
+
+
+def torch_method(workload: Workload, name: str) -> HookStep:
+    state = torch_psgd.PowerSGDState(
+        process_group=None, matrix_approximation_rank=workload.rank, start_powerSGD_iter=2, min_compression_rate=2
+    )
+    if name == "torch_powersgd":
+        return lambda: run_step(workload, lambda bucket: torch_psgd.powerSGD_hook(state, bucket))
+
+    def batched_step() -> None:
+        with _batched_hook_fix():
+            run_step(workload, lambda bucket: torch_psgd.batched_powerSGD_hook(state, bucket))
+
+    return batched_step
+
+
+class _batched_hook_fix:
+    """PyTorch 2.13's batched_powerSGD_hook passes its 2-D factor to ``_orthogonalize``, which
+    asserts on anything but a 3-D batch, so the hook fails on every call. While it runs, let
+    ``_orthogonalize`` take a 2-D matrix as a batch of one; the hook is otherwise unchanged."""
+
+    def __enter__(self) -> None:
+        self._original = original = torch_psgd._orthogonalize
+
+        def orthogonalize(matrices: torch.Tensor, epsilon: float = 0) -> None:
+            original(matrices.unsqueeze(0) if matrices.dim() == 2 else matrices, epsilon)
+
+        torch_psgd._orthogonalize = orthogonalize
+
+    def __exit__(self, *exc: object) -> None:
+        torch_psgd._orthogonalize = self._original
+
+
+def run_step(workload: Workload, hook: Callable[[Bucket], torch.futures.Future]) -> None:
+    """One step's buckets, each to completion before the next.
+
+    Sequential on purpose: PyTorch's powerSGD_hook blocks on a collective inside a gloo
+    completion callback, which deadlocks gloo when several buckets are in flight.
+    """
+    for bucket in workload.buckets:
+        hook(bucket).wait()
+
+
+class ByteCounter:
+    """Counts the bytes PyTorch's hooks pass into ``dist.all_reduce``."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._originals = {}
+
+    def __enter__(self) -> "ByteCounter":
+        original = self._originals["all_reduce"] = dist.all_reduce
+
+        def counted(tensor: torch.Tensor, *args, **kwargs):
+            self.bytes += tensor.numel() * tensor.element_size()
+            return original(tensor, *args, **kwargs)
+
+        dist.all_reduce = counted
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+
+
+def measure(workload: Workload, methods: list[str], warmup: int, steps: int) -> dict[str, dict[str, float]]:
+    runners: dict[str, HookStep] = {}
+    syncs: dict[str, GradientSync] = {}
+    for name in methods:
+        if name in OUR_METHODS:
+            runners[name], syncs[name] = our_method(workload, name)
+        else:
+            runners[name] = torch_method(workload, name)
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    byte_counts: dict[str, list[int]] = {name: [] for name in methods}
+    for round_index in range(warmup + steps):
+        for name in methods:
+            workload.refill()
+            sent_before = syncs[name].stats().bytes_sent if name in syncs else 0
+            with ByteCounter() as counter:
+                started = time.perf_counter()
+                runners[name]()
+                elapsed = time.perf_counter() - started
+            # Ours count their own bytes (GradientSync.stats); PyTorch's hooks are counted at dist.all_reduce.
+            sent = syncs[name].stats().bytes_sent - sent_before if name in syncs else counter.bytes
+            if round_index >= warmup:
+                times[name].append(elapsed)
+                byte_counts[name].append(sent)
+        print(f"  {workload.name}: round {round_index + 1}/{warmup + steps}", file=sys.stderr, flush=True)
+    return {
+        name: {
+            "encode_decode_s": statistics.median(times[name]),
+            "encode_decode_min_s": min(times[name]),
+            "bytes_per_step": statistics.fmean(byte_counts[name]),
+        }
+        for name in methods
+    }
+
+
+def print_table(results: dict[str, dict[str, dict[str, float]]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    for workload, rows in results.items():
+        fp32 = rows["none"]["bytes_per_step"]
+        reference = rows["torch_powersgd"]["encode_decode_s"]
+        table = Table(title=f"{workload}: encode+decode per step (median)")
+        for column in ("method", "encode+decode ms", "÷ torch powerSGD_hook", "MB/step", "fewer bytes than fp32"):
+            table.add_column(column, justify="right")
+        for name, row in rows.items():
+            table.add_row(
+                name,
+                f"{row['encode_decode_s'] * 1e3:.1f}",
+                f"{row['encode_decode_s'] / reference:.2f}×",
+                f"{row['bytes_per_step'] / 1e6:.3f}",
+                f"{fp32 / row['bytes_per_step']:.1f}×",
+            )
+        Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json-out", type=Path, help="write results as JSON here")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--methods", nargs="+", default=list(OUR_METHODS + TORCH_METHODS))
+    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds (torch's hook starts compressing at its 3rd)")
+    parser.add_argument("--steps", type=int, default=10, help="timed rounds")
+    args = parser.parse_args(argv)
+    if args.steps % 2:
+        parser.error("--steps must be even: ACP-SGD alternates P and Q steps, so bytes average over pairs")
+    if args.warmup < 3:
+        parser.error("--warmup must be >= 3: PyTorch's hook all-reduces uncompressed for its first 2 steps")
+    for required in ("none", "torch_powersgd"):
+        if required not in args.methods:
+            args.methods.insert(0, required)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29_000 + os.getpid() % 1000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        results = {}
+        for workload_name in args.workloads:
+            model, rank = WORKLOADS[workload_name]
+            workload = make_workload(workload_name, model, rank)
+            results[workload_name] = measure(workload, args.methods, args.warmup, args.steps)
+            del workload
+    finally:
+        dist.destroy_process_group()
+    print_table(results)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
