@@ -49,9 +49,26 @@ def _ray_executable() -> str:
     return str(candidate) if candidate.exists() else "ray"
 
 
+def use_token_auth() -> None:
+    """Token authentication for the local head and every client of it, decided once.
+
+    Ray 2.5x+ turns token auth on for a ``ray start`` head whenever ``~/.ray/auth_token``
+    exists (any earlier local ``ray.init()`` writes one), but a client that connects to an
+    existing cluster only sends the token when ``RAY_AUTH_MODE=token`` is set. Without this,
+    whether the coordinator can reach its own head depended on what ran before it. So: make
+    sure the token exists and set the mode in this process; children inherit it.
+    """
+    if os.environ.get("RAY_AUTH_MODE"):
+        return
+    subprocess.run([_ray_executable(), "get-auth-token", "--generate"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def ensure_head(data_dir: Path, port: int, num_cpus: int, *, timeout_s: float = 90.0,
                 env: dict[str, str] | None = None) -> LocalHead:
     """Attach to the local head on ``port`` if one answers, else start one and wait for it."""
+    use_token_auth()
     address = f"127.0.0.1:{port}"
     if port_open(port):
         return LocalHead(address=address, pid=_recorded_pid(data_dir), started_here=False)
