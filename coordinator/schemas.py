@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from compressors.spec import COMPRESSOR_NAMES, make_spec
-from workers.protocol import DATASET_NAMES, MODEL_NAMES, CompressionConfig, TrainConfig
+from workers.protocol import DATASET_NAMES, MODEL_NAMES, CompressionConfig, JobFields, TrainConfig
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -34,68 +34,35 @@ DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]
 _NUMBERS = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-class JobSpec(BaseModel):
-    """A training job as a user submits it. Every field but the few in the smallest example
-    of design.md §4 has a default; unknown fields are refused so a typo never goes unnoticed."""
+class JobSpec(JobFields):
+    """A training job as a user submits it: ``workers.protocol.JobFields`` (the same fields,
+    bounds and cross-field rules the workers use), with names spelled out as enums for the
+    OpenAPI schema and strict types at the REST boundary. Every field but the few in the
+    smallest example of design.md §4 has a default; unknown fields are refused."""
 
     model_config = _NUMBERS
 
-    name: str = Field(default="job", min_length=1, max_length=128)
     model: ModelName = "mlp"
     dataset: DatasetName = "synthetic"
-    batch_size: int = Field(default=32, ge=1, le=65_536, description="per worker")
-    steps: int | None = Field(default=None, ge=1, le=10_000_000, description="or epochs; default 100 steps")
-    epochs: int | None = Field(default=None, ge=1, le=100_000)
-    seq_len: int = Field(default=64, ge=2, le=4096, description="tokens per sample (sequence models)")
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    lr: float = Field(default=0.05, gt=0, le=100)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    weight_decay: float = Field(default=0.0, ge=0, le=1)
-    lr_schedule: Literal["constant", "cosine", "step"] = "constant"
-    workers: int | tuple[int, int] = Field(default=2, description="a number, or 'min..max' / [min, max] for elastic")
     use_gpu: StrictBool = False
-    compression: CompressionConfig = CompressionConfig()
-    checkpoint_every: int = Field(default=0, ge=0, le=10_000_000, description="steps between checkpoints; 0 = none")
-    max_failures: int = Field(default=0, ge=-1, le=1000)
-    probe_interval_s: float = Field(default=60.0, gt=0, le=86_400)
-    report_interval_s: float = Field(default=2.0, gt=0, le=3600)
-    sync_every: int = Field(default=5, ge=1, le=100_000)
-    seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    bucket_cap_mb: float = Field(default=25.0, gt=0, le=10_000)
 
     @field_validator("workers", mode="before")
     @classmethod
-    def _workers(cls, value: Any) -> Any:
-        """Same parsing and bounds as ``TrainConfig.workers`` (``2``, ``"1..4"``, ``[1, 4]``)."""
+    def _no_bool_workers(cls, value: Any) -> Any:
         if isinstance(value, bool):
             raise ValueError("must be a number or 'min..max', got a boolean")
-        try:
-            return TrainConfig.model_validate({"workers": value}).workers
-        except ValidationError as exc:
-            raise ValueError(_first_message(exc)) from None
-
-    @model_validator(mode="after")
-    def _converts(self) -> "JobSpec":
-        """Cross-field rules (steps xor epochs, model/dataset fit) live in TrainConfig."""
-        try:
-            self.to_train_config()
-        except ValidationError as exc:
-            raise ValueError(_first_message(exc)) from None
-        return self
+        return value
 
     def to_train_config(self, *, job_id: str | None = None, job_token: str | None = None,
                         coordinator_url: str | None = None) -> TrainConfig:
         return TrainConfig(
-            **self.model_dump(exclude={"compression"}),
+            **self.model_dump(exclude={"compression", "schedule"}),
             compression=self.compression,
+            schedule=self.schedule,
             job_id=job_id,
             job_token=job_token,
             coordinator_url=coordinator_url,
         )
-
-    @property
-    def min_workers(self) -> int:
-        return self.workers if isinstance(self.workers, int) else self.workers[0]
 
 
 def _first_message(exc: ValidationError) -> str:

@@ -94,8 +94,8 @@ class ScheduledDecision(_Strict):
         return self
 
 
-class TrainConfig(_Strict):
-    """Everything one training job needs; what every worker receives."""
+class JobFields(_Strict):
+    """What a user says about a training job (the coordinator's JobSpec extends this too)."""
 
     name: str = Field(default="job", min_length=1, max_length=128)
     model: str = "mlp"
@@ -125,12 +125,6 @@ class TrainConfig(_Strict):
     schedule: list[ScheduledDecision] | None = None
     #: Synthetic image side (e.g. 224 for ImageNet-sized inputs); None = the dataset default.
     image_size: int | None = Field(default=None, ge=8, le=1024)
-    #: Where ``--no-ray`` runs keep checkpoints (Ray Train uses its own storage).
-    checkpoint_dir: str | None = None
-    #: Set by the coordinator: where rank 0 posts telemetry and reads decisions.
-    coordinator_url: str | None = None
-    job_id: str | None = None
-    job_token: str | None = None
 
     @field_validator("model")
     @classmethod
@@ -173,7 +167,7 @@ class TrainConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TrainConfig":
+    def _consistent(self) -> "JobFields":
         if self.steps is None and self.epochs is None:
             object.__setattr__(self, "steps", 100)
         if self.steps is not None and self.epochs is not None:
@@ -189,6 +183,17 @@ class TrainConfig(_Strict):
     @property
     def max_workers(self) -> int:
         return self.workers if isinstance(self.workers, int) else self.workers[1]
+
+
+class TrainConfig(JobFields):
+    """Everything one training job needs; what every worker receives."""
+
+    #: Where ``--no-ray`` runs keep checkpoints (Ray Train uses its own storage).
+    checkpoint_dir: str | None = None
+    #: Set by the coordinator: where rank 0 posts telemetry and reads decisions.
+    coordinator_url: str | None = None
+    job_id: str | None = None
+    job_token: str | None = None
 
 
 class ModelProfile(_Strict):

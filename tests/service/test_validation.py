@@ -29,7 +29,7 @@ def spec(**changes):
         (spec(steps=10**30), ["body", "steps"], "Input should be less than or equal to 10000000"),
         (spec(batch_size=2**63), ["body", "batch_size"], "Input should be less than or equal to 65536"),
         (spec(workers="4..2"), ["body", "workers"],
-         "Value error, workers: must be between 1 and 1024 with min <= max, got (4, 2)"),
+         "Value error, must be between 1 and 1024 with min <= max, got (4, 2)"),
         (spec(compression={"mode": "sometimes"}), ["body", "compression", "mode"],
          "Input should be 'fixed' or 'adaptive'"),
         (spec(compression={"compressor": "zip"}), ["body", "compression", "compressor"],
