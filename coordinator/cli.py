@@ -18,9 +18,11 @@ import typer
 from rich.console import Console
 
 from coordinator.client import ApiError, Client, format_detail
+from coordinator.grafana import dashboards_app
 
 app = typer.Typer(help="gradwire: compressed, adaptive data-parallel training on Ray.",
                   no_args_is_help=True, add_completion=False)
+app.add_typer(dashboards_app, name="dashboards")  # `gradwire dashboards push` (Grafana)
 console = Console()
 err_console = Console(stderr=True)
 

@@ -15,7 +15,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -63,13 +62,6 @@ class JobSpec(JobFields):
             job_token=job_token,
             coordinator_url=coordinator_url,
         )
-
-
-def _first_message(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
-    message = str(err["msg"]).removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
 
 
 class PinnedPolicy(BaseModel):

@@ -167,16 +167,24 @@ class InProcessPolicy:
     def __init__(self, compression: CompressionConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.controller = AdaptiveController(compression)
         self._clock = clock
+        #: Reports on which the policy itself ran (had a profile and a bandwidth), and why it
+        #: chose what it chose the last time; the run summary shows both.
+        self.evaluations = 0
+        self.last_reason = ""
 
     def current(self) -> Decision | None:
         return self.controller.decision
 
     def observe(self, telemetry: Telemetry) -> None:
+        before = self.controller.state
         try:
             outcome = self.controller.observe(telemetry, self._clock())
         except Exception:  # noqa: BLE001 - a policy bug must not stop training
             log.exception("adaptive policy failed; keeping the current decision")
             return
+        if self.controller.state is not before:  # decide() ran: it always returns a new state
+            self.evaluations += 1
+        self.last_reason = outcome.reason
         if outcome.changed:
             log.info("policy: switch to %s (%s)", outcome.decision.compressor, outcome.reason)
 

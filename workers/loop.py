@@ -243,6 +243,8 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
 
     summary = _summary(cfg, env, sync, timer, total_steps, loss_value, switches, model, device)
     summary["start_step"] = start_step
+    if isinstance(source, InProcessPolicy):  # no coordinator: show that the policy ran, and why it chose
+        summary["policy_decisions"], summary["policy_reason"] = source.evaluations, source.last_reason
     _save(env, cfg, total_steps, model, optimizer, scheduler, sync, agreement, record, summary, final=True)
     reporter.close(summary)
     dist.barrier()  # with a comm hook registered, peers must not tear down mid-collective
@@ -319,6 +321,10 @@ class _Reporter:
     def link(self, estimate: LinkEstimate) -> None:
         self.estimate = estimate
         if estimate.has_link:
+            # A fresh probe supersedes the passive history: restart the average from the
+            # probe's β, else bandwidth() would keep reporting the passive value from before
+            # (for ever, while the compressor sends payloads too small to observe).
+            self.passive = PassiveBandwidth(beta_s_per_byte=estimate.beta_s_per_byte)
             self.passive.anchor(estimate)
             self.scheduler.record(time.monotonic() - self.started, estimate.cost_s)
 
