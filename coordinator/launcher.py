@@ -143,9 +143,11 @@ class RayLauncher:
 
     def connect(self) -> None:
         """Join the configured cluster, or start/attach the embedded local head."""
+        address = self._settings.ray_address
+        if address is None:
+            raylocal.use_token_auth()  # before ray is imported: it reads RAY_AUTH_MODE then
         import ray
 
-        address = self._settings.ray_address
         if address is None:
             head = raylocal.ensure_head(self._settings.data_dir, self._settings.ray_port,
                                         self._settings.local_ray_cpus)

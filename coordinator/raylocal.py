@@ -63,6 +63,15 @@ def use_token_auth() -> None:
     subprocess.run([_ray_executable(), "get-auth-token", "--generate"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.environ["RAY_AUTH_MODE"] = "token"
+    if "ray" in sys.modules:
+        # Ray reads the mode when it is imported; re-read it the way Ray's own local
+        # ray.init() does after turning token auth on (Config is internal, hence the guard).
+        try:
+            from ray._raylet import Config
+
+            Config.initialize("")
+        except (ImportError, AttributeError):  # pragma: no cover - another Ray version
+            pass
 
 
 def ensure_head(data_dir: Path, port: int, num_cpus: int, *, timeout_s: float = 90.0,

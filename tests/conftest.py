@@ -25,6 +25,12 @@ for _name in [n for n in os.environ if n.startswith("GRADWIRE_")]:
 RAY_TEST_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_USAGE_STATS_ENABLED": "0"}
 os.environ.update(RAY_TEST_ENV)
 
+# Token auth decided before any test module imports Ray (Ray reads the mode at import), the
+# same way the coordinator decides it for its own head (coordinator.raylocal.use_token_auth).
+from coordinator import raylocal  # noqa: E402  (torch- and Ray-free)
+
+raylocal.use_token_auth()
+
 RAY_TEST_CPUS = 2
 
 
