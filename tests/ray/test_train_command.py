@@ -1,0 +1,105 @@
+"""``gradwire train``: one job on the session's Ray cluster (live progress through the named
+actor), the same without Ray, and a bad field as a clean CLI error.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from coordinator.cli import app
+from workers.protocol import ALL_PHASES
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "mlp-digits.yaml"
+SUMMARY_FIELDS = {"steps", "final_loss", "samples_per_second", "phase_seconds", "bytes_sent_per_step",
+                  "compressor", "rank", "world_size", "switches"}
+runner = CliRunner()
+
+
+def check_summary(path: Path, *, steps: int, compressor: str, rank: int | None) -> dict:
+    summary = json.loads(path.read_text())
+    assert SUMMARY_FIELDS <= set(summary)
+    assert summary["steps"] == steps and summary["world_size"] == 2
+    assert (summary["compressor"], summary["rank"]) == (compressor, rank)
+    assert set(summary["phase_seconds"]) == set(ALL_PHASES)
+    assert 0.5 < summary["eval_accuracy"] <= 1.0  # digits: the example learns within a few dozen steps
+    return summary
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_train_on_ray_shows_progress_and_writes_the_summary(ray_session, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", ray_session)
+    out = tmp_path / "summary.json"
+    result = runner.invoke(app, [
+        "train", str(EXAMPLE), "--steps", "40", "--compressor", "powersgd", "--rank", "2",
+        "--checkpoint-every", "20", "--set", "report_interval_s=0.05", "--storage-path", str(tmp_path / "runs"),
+        "--summary", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    summary = check_summary(out, steps=40, compressor="powersgd", rank=2)
+    assert Path(summary["checkpoint_path"]).is_dir()
+
+    bar = next(line for line in result.output.splitlines() if "40/40" in line)
+    assert "powersgd r2" in bar and "loss –" not in bar  # the live bar was fed by rank 0's reports
+    for text in ("held-out accuracy", "samples/s", f"summary written to {out}", *ALL_PHASES):
+        assert text in result.output
+
+    import ray
+    from ray._private import state
+
+    assert ray.is_initialized()  # an existing connection is used and left alone
+    job = ray.get_runtime_context().get_job_id()
+    leftover = [a for a in state.actors().values() if a["JobID"] == job and a["State"] == "ALIVE"
+                and a["Name"].startswith("gradwire-train-progress-")]
+    assert leftover == []  # the progress actor is removed at the end
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_train_without_ray_runs_the_adaptive_policy_in_process(tmp_path):
+    out = tmp_path / "summary.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator.cli", "train", str(EXAMPLE), "--no-ray", "--steps", "30",
+         "--mode", "adaptive", "--set", "report_interval_s=0.05", "--set", f"checkpoint_dir={tmp_path / 'ckpt'}",
+         "--summary", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(out.read_text())
+    check_summary(out, steps=30, compressor=summary["compressor"], rank=summary["rank"])
+    assert summary["policy_decisions"] >= 1 and summary["policy_reason"]
+    assert summary["checkpoint_path"].startswith(str(tmp_path / "ckpt"))
+    assert "30/30" in result.stdout and "policy" in result.stdout
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--rank", "0"], "compression.rank"),
+    (["--compressor", "gzip"], "compression.compressor"),
+    (["--workers", "3..1"], "workers"),
+    (["--mode", "sometimes"], "compression.mode"),
+    (["--batch-size", "0"], "batch_size"),
+    (["--set", "colour=blue"], "colour"),
+    (["--steps", "10", "--epochs", "2"], "steps or epochs"),
+])
+def test_a_bad_field_is_a_cli_error_naming_it(tmp_path, args, field):
+    result = runner.invoke(app, ["train", str(EXAMPLE), *args])
+    assert result.exit_code == 2, result.output
+    assert "invalid spec" in result.output and field in result.output
+    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
+
+
+def test_a_missing_or_malformed_spec_is_a_cli_error(tmp_path):
+    missing = runner.invoke(app, ["train", str(tmp_path / "nope.yaml")])
+    assert missing.exit_code == 2 and "cannot read" in missing.output
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [mlp\n")
+    parsed = runner.invoke(app, ["train", str(broken)])
+    assert parsed.exit_code == 2 and "cannot parse" in parsed.output
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- mlp\n")
+    assert runner.invoke(app, ["train", str(listing)]).exit_code == 2

@@ -1,0 +1,245 @@
+"""workers/control.py: agreement on the switch step over a real gloo group, the coordinator
+client against an unreachable URL and a real (stdlib) HTTP server, the in-process policy.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+from harness import free_port, run_ranks  # noqa: E402
+
+from workers.control import CallbackSink, CoordinatorClient, InProcessPolicy, ListSink, SwitchAgreement  # noqa: E402
+from workers.protocol import CompressionConfig, Decision, ModelProfile, Telemetry  # noqa: E402
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+# --------------------------------------------------------------------------- SwitchAgreement
+
+V1 = Decision(version=1, compressor="powersgd", params={"rank": 2}, reason="first")
+V2 = Decision(version=2, compressor="topk", params={"ratio": 0.05}, reason="second")
+#: Rank 0's proposal and probe flag at each agreement step (sync_every=5).
+PLAN: dict[int, tuple[Decision | None, bool]] = {0: (None, False), 5: (V1, True), 10: (V1, False), 15: (V2, False)}
+
+
+def _agree(rank: int, world_size: int) -> dict[str, Any]:
+    agreement = SwitchAgreement(sync_every=5)
+    seen = []
+    for step in range(20):
+        if not agreement.due(step):
+            continue
+        proposal, probe = PLAN[step]
+        if rank != 0:  # other ranks' proposals are ignored: only rank 0's choice counts
+            proposal, probe = Decision(version=99, compressor="signsgd", reason="not rank 0"), not probe
+        decision, probe_now = agreement.exchange(step, proposal, probe)
+        seen.append((step, decision.model_dump() if decision else None, probe_now))
+    resumed = SwitchAgreement(sync_every=5, version=2)  # after a restart: version 2 already in force
+    again, _ = resumed.exchange(20, V2 if rank == 0 else None, False)
+    return {"seen": seen, "history": [vars(a) for a in agreement.history], "version": agreement.version,
+            "resumed": again}
+
+
+def test_switch_agreement_gives_every_rank_rank_0s_decision_at_the_same_step():
+    results = run_ranks(_agree, 2, timeout=120)
+    expected_seen = [(0, None, False), (5, V1.model_dump(), True), (10, None, False), (15, V2.model_dump(), False)]
+    for result in results:
+        assert result["seen"] == expected_seen
+        assert [(a["step"], a["version"], a["compressor"], a["params"]) for a in result["history"]] == [
+            (5, 1, "powersgd", {"rank": 2}), (15, 2, "topk", {"ratio": 0.05})]
+        assert result["version"] == 2
+        assert result["resumed"] is None  # not newer than the version in force: nothing to apply
+    assert results[0] == results[1]
+
+
+def test_switch_agreement_is_due_every_sync_every_steps():
+    agreement = SwitchAgreement(sync_every=4)
+    assert [s for s in range(13) if agreement.due(s)] == [0, 4, 8, 12]
+
+
+# --------------------------------------------------------------------------- CoordinatorClient
+
+
+class FakeCoordinator:
+    """The two worker-facing endpoints on stdlib ``http.server``, in a thread."""
+
+    def __init__(self, port: int = 0, decision: Decision | None = None) -> None:
+        self.telemetry: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+        self.auth: list[str | None] = []
+        self.decision = decision
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:  # noqa: N802
+                owner.paths.append(f"POST {self.path}")
+                owner.auth.append(self.headers.get("Authorization"))
+                length = int(self.headers.get("Content-Length", 0))
+                owner.telemetry.append(json.loads(self.rfile.read(length)))
+                self._reply(202, {"accepted": True})
+
+            def do_GET(self) -> None:  # noqa: N802
+                owner.paths.append(f"GET {self.path}")
+                if owner.decision is None:
+                    self._reply(404, {"detail": "no decision yet"})
+                else:
+                    self._reply(200, owner.decision.model_dump(mode="json"))
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def telemetry(step: int) -> Telemetry:
+    return Telemetry(step=step, steps=100, loss=2.0 / (step + 1), compressor="acpsgd", rank=4, world_size=2,
+                     phase_seconds={"forward": 0.01, "backward": 0.02})
+
+
+def test_client_delivers_telemetry_and_picks_up_the_decision():
+    decision = Decision(version=3, compressor="powersgd", params={"rank": 8}, reason="bandwidth dropped")
+    server = FakeCoordinator(decision=decision)
+    client = CoordinatorClient(server.url, "job-7", "secret", poll_s=0.05, timeout_s=5)
+    try:
+        assert client.current() is None
+        client.send(telemetry(10))
+        wait_until(lambda: server.telemetry, 10, "the telemetry to arrive")
+        assert Telemetry.model_validate(server.telemetry[0]).step == 10
+        assert "POST /v1/jobs/job-7/telemetry" in server.paths
+        assert server.auth[0] == "Bearer secret"
+        assert wait_until(client.current, 10, "the decision") == decision
+        assert "GET /v1/jobs/job-7/decision" in server.paths
+        for step in (11, 12, 13):  # the newest report wins; none is sent out of order
+            client.send(telemetry(step))
+        wait_until(lambda: server.telemetry[-1]["step"] == 13, 10, "the newest report")
+        steps = [t["step"] for t in server.telemetry]
+        assert steps == sorted(steps)
+        assert client.failures == 0
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_client_keeps_the_last_decision_when_the_coordinator_has_none():
+    server = FakeCoordinator(decision=None)  # GET .../decision answers 404
+    client = CoordinatorClient(server.url, "job-1", None, poll_s=0.05)
+    try:
+        client.send(telemetry(1))
+        wait_until(lambda: len([p for p in server.paths if p.startswith("GET")]) >= 2, 10, "two decision polls")
+        assert client.current() is None and client.failures == 0
+        assert server.auth == [None]  # no token: no Authorization header
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_unreachable_coordinator_never_stops_training_and_is_retried_with_backoff():
+    port = free_port()  # nothing listens here (yet)
+    client = CoordinatorClient(f"http://127.0.0.1:{port}", "job-2", "t", poll_s=0.05, timeout_s=1)
+    server = None
+    try:
+        for step in range(200):  # a training loop reporting every step: send() never raises nor blocks
+            client.send(telemetry(step))
+        wait_until(lambda: client.failures >= 2, 20, "two failed attempts")
+        assert client.current() is None
+        failures = client.failures
+        time.sleep(0.3)
+        assert client.failures <= failures + 1  # backing off (0.5 s, 1 s, ...), not spinning
+        # the coordinator comes up: the newest report is delivered and the decision picked up
+        decision = Decision(version=1, compressor="fp16", reason="up again")
+        server = FakeCoordinator(port=port, decision=decision)
+        wait_until(lambda: server.telemetry, 30, "delivery after the coordinator came up")
+        assert server.telemetry[0]["step"] == 199
+        assert wait_until(client.current, 30, "the decision after recovery") == decision
+    finally:
+        client.close()
+        if server is not None:
+            server.stop()
+
+
+# --------------------------------------------------------------------------- sinks and the in-process policy
+
+
+def test_sinks_keep_reports_and_a_failing_callback_never_raises():
+    sink = ListSink()
+    sink.send(telemetry(1))
+    assert [t.step for t in sink.reports] == [1]
+    received: list[dict[str, Any]] = []
+    CallbackSink(received.append).send(telemetry(2))
+    assert received[0]["step"] == 2 and received[0]["compressor"] == "acpsgd"  # JSON-ready dict
+
+    def broken(report: dict[str, Any]) -> None:
+        raise ConnectionError("progress actor gone")
+
+    CallbackSink(broken).send(telemetry(3))  # logged, not raised
+
+
+PROFILE = ModelProfile(shapes=[[256, 64], [256], [10, 256], [10]], buckets=[[3, 2, 1, 0]], forward_s=0.002,
+                       backward_s=0.004, optimizer_s=0.001)
+
+
+def test_in_process_policy_runs_once_it_has_a_profile_and_a_bandwidth():
+    now = [1000.0]
+    policy = InProcessPolicy(CompressionConfig(mode="adaptive", compressor="acpsgd", rank=4), clock=lambda: now[0])
+    initial = policy.current()
+    assert initial is not None and initial.compressor == "acpsgd" and initial.version == 0
+
+    policy.observe(telemetry(1))  # no profile, no bandwidth yet: nothing to decide on
+    assert policy.evaluations == 0 and policy.last_reason.startswith("waiting")
+
+    for step in range(2, 6):
+        now[0] += 2.0
+        policy.observe(telemetry(step).model_copy(update={
+            "bandwidth_bytes_per_second": 1e9, "latency_seconds": 1e-4, "grad_norm": 1.0,
+            "profile": PROFILE if step == 2 else None}))
+    assert policy.evaluations == 4
+    assert policy.last_reason and not policy.last_reason.startswith("waiting")
+    assert isinstance(policy.current(), Decision)
+
+
+def test_a_failing_policy_keeps_the_current_decision(monkeypatch):
+    policy = InProcessPolicy(CompressionConfig(mode="adaptive"))
+    before = policy.current()
+
+    def explode(*args: Any) -> None:
+        raise RuntimeError("policy bug")
+
+    monkeypatch.setattr(policy.controller, "observe", explode)
+    policy.observe(telemetry(1))  # logged, not raised
+    assert policy.current() == before and policy.evaluations == 0
+
+
+@pytest.fixture(autouse=True)
+def _quiet_control_logs(caplog):
+    caplog.set_level("ERROR", logger="workers.control")
