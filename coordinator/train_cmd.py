@@ -31,6 +31,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from coordinator.console import compressor as compressor_label, num
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -120,17 +122,6 @@ def build_config(data: dict[str, Any]) -> Any:
 # --------------------------------------------------------------------------- live view
 
 
-def _fmt(value: Any, digits: int = 4) -> str:
-    return "–" if value is None else f"{value:.{digits}g}"
-
-
-def compressor_label(report: dict[str, Any]) -> str:
-    name = report.get("compressor") or "–"
-    if report.get("rank"):
-        return f"{name} r{report['rank']}"
-    return f"{name} {report['ratio']}" if report.get("ratio") else name
-
-
 def phase_table(phase_seconds: dict[str, float], title: str = "per-phase breakdown (mean per step)") -> Table:
     """Milliseconds per phase, and each phase's share of the step (hook phases nest in backward)."""
     from workers.protocol import ALL_PHASES, PHASES
@@ -164,7 +155,7 @@ class ProgressView:
     def update(self, report: dict[str, Any]) -> None:
         self.last, self.reports = report, self.reports + 1
         self.progress.update(self.task, completed=report.get("step", 0), total=report.get("steps"),
-                             loss=_fmt(report.get("loss")), rate=_fmt(report.get("samples_per_second")),
+                             loss=num(report.get("loss")), rate=num(report.get("samples_per_second")),
                              comp=compressor_label(report))
 
     def __rich__(self) -> Group:
@@ -250,14 +241,14 @@ def summary_table(summary: dict[str, Any]) -> Table:
     rows: list[tuple[str, str]] = [
         ("model / dataset", f"{summary.get('model')} / {summary.get('dataset')}"),
         ("steps", f"{summary.get('start_step', 0)} → {summary.get('steps')}"),
-        ("final loss", _fmt(summary.get("final_loss"))),
+        ("final loss", num(summary.get("final_loss"))),
     ]
     if summary.get("eval_accuracy") is not None:
         rows.append(("held-out accuracy", f"{100 * summary['eval_accuracy']:.2f}%"))
     rows += [
-        ("samples/s", _fmt(summary.get("samples_per_second"))),
+        ("samples/s", num(summary.get("samples_per_second"))),
         ("step time", f"{1e3 * (summary.get('step_seconds') or 0):.2f} ms"),
-        ("bytes sent/step", _fmt(summary.get("bytes_sent_per_step"))),
+        ("bytes sent/step", num(summary.get("bytes_sent_per_step"))),
         ("compressor", compressor_label(summary)),
         ("workers", str(summary.get("world_size"))),
         ("switches", ", ".join(f"{s['to']}@{s['step']}" for s in summary.get("switches") or []) or "none"),
