@@ -104,7 +104,11 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class Measurements:
-    """One report's view of the job: link, cluster size, model, and what runs now."""
+    """One report's view of the job: link, cluster size, model, and what runs now.
+
+    ``latency_s`` is what the telemetry reports (``workers.probe.LinkEstimate.latency_s``):
+    the time of a zero-byte all-reduce on the whole group, ``2(N−1)·α``, not α itself.
+    """
 
     bandwidth_bytes_per_second: float
     latency_s: float
@@ -266,6 +270,11 @@ def _fastest(
     return min(scored, key=lambda pair: pair[1].step_s)
 
 
+def _alpha(all_reduce_latency_s: float, world_size: int) -> float:
+    """α from a zero-byte all-reduce's time ``2(N−1)·α`` (ring model; no link for N = 1)."""
+    return all_reduce_latency_s / (2 * (world_size - 1)) if world_size > 1 else 0.0
+
+
 def decide(
     state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float
 ) -> tuple[Decision, PolicyState]:
@@ -273,7 +282,7 @@ def decide(
     state = _smooth_link(state, m, cfg, now)
     critical_why, state = _critical_regime(state, m, cfg, now)
     assert state.bandwidth_ewma is not None and state.latency_ewma is not None
-    link = alpha_beta_from_bandwidth(state.bandwidth_ewma, state.latency_ewma)
+    link = alpha_beta_from_bandwidth(state.bandwidth_ewma, _alpha(state.latency_ewma, m.world_size))
 
     pool = [_adopt(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)

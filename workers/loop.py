@@ -55,6 +55,10 @@ from workers.timing import StepTimer
 
 log = logging.getLogger(__name__)
 
+#: Rank 0's passive bandwidth estimate takes the fastest of this many consecutive steps'
+#: collectives: the others include waiting for the peer (see PassiveBandwidth.min_of_last).
+PASSIVE_MIN_OF_LAST = 4
+
 
 # --------------------------------------------------------------------------- environment
 
@@ -309,7 +313,7 @@ class _Reporter:
         self.cfg, self.env, self.sync, self.source, self.sinks = cfg, env, sync, source, sinks
         self.total_steps = total_steps
         self.estimate = LinkEstimate.no_link()
-        self.passive = PassiveBandwidth()
+        self.passive = PassiveBandwidth(min_of_last=PASSIVE_MIN_OF_LAST)
         self.scheduler = ProbeScheduler(probe_interval_s=cfg.probe_interval_s)
         self.started = time.monotonic()
         self.next_report = 0.0
@@ -324,7 +328,7 @@ class _Reporter:
             # A fresh probe supersedes the passive history: restart the average from the
             # probe's β, else bandwidth() would keep reporting the passive value from before
             # (for ever, while the compressor sends payloads too small to observe).
-            self.passive = PassiveBandwidth(beta_s_per_byte=estimate.beta_s_per_byte)
+            self.passive = PassiveBandwidth(beta_s_per_byte=estimate.beta_s_per_byte, min_of_last=PASSIVE_MIN_OF_LAST)
             self.passive.anchor(estimate)
             self.scheduler.record(time.monotonic() - self.started, estimate.cost_s)
 
@@ -398,7 +402,10 @@ class _Reporter:
             self.calibration, self.per_element = calibrate_codecs([tuple(s) for s in shapes], self.cfg, self.env.world_size)
         return ModelProfile(
             shapes=shapes,
-            buckets=[list(b) for b in build_bucket_layout([tuple(s) for s in shapes], self.cfg.bucket_cap_mb * 2**20)],
+            # DDP gives the first bucket 1 MiB only when bucket_cap_mb is left unset; this loop
+            # always sets it, so every bucket (the first too) has the same cap.
+            buckets=[list(b) for b in build_bucket_layout([tuple(s) for s in shapes], self.cfg.bucket_cap_mb * 2**20,
+                                                          first_bucket_bytes=None)],
             forward_s=means["forward"],
             backward_s=max(0.0, means["backward"] - means["exposed_comm"]),
             optimizer_s=means["optimizer"],

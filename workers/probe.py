@@ -32,6 +32,7 @@ import dataclasses
 import math
 import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
@@ -312,6 +313,13 @@ class PassiveBandwidth:
 
     Observations smaller than ``min_bytes``, on one worker, or not slower than the latency
     term are ignored: their time is latency and noise, not bandwidth.
+
+    ``min_of_last`` > 1 filters before averaging: the smallest β of the last that many usable
+    observations enters the average. A collective's time on one rank includes waiting for
+    peers that start it later (a straggler, a busy CPU); that wait is never negative and is
+    zero whenever this rank is the last to arrive, so the smallest of a few consecutive
+    observations is the transfer itself. A real drop raises every observation, so it shows
+    after ``min_of_last - 1`` more of them.
     """
 
     smoothing: float = 0.2
@@ -320,10 +328,15 @@ class PassiveBandwidth:
     beta_s_per_byte: float | None = None
     anchor_bandwidth: float | None = None
     observations: int = field(default=0)
+    min_of_last: int = 1
+    _recent: deque[float] = field(default_factory=deque, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"smoothing: must be in (0, 1], got {self.smoothing}")
+        if self.min_of_last < 1:
+            raise ValueError(f"min_of_last: must be >= 1, got {self.min_of_last}")
+        self._recent = deque(self._recent, maxlen=self.min_of_last)
 
     def anchor(self, estimate: LinkEstimate) -> None:
         """Take α (and the reference bandwidth for :meth:`trend`) from an active probe."""
@@ -340,7 +353,8 @@ class PassiveBandwidth:
         transfer_s = seconds - lat * self.alpha_s
         if transfer_s <= 0:
             return False
-        beta = transfer_s / (per_byte * nbytes)
+        self._recent.append(transfer_s / (per_byte * nbytes))
+        beta = min(self._recent)
         prev = self.beta_s_per_byte
         self.beta_s_per_byte = beta if prev is None else prev + self.smoothing * (beta - prev)
         self.observations += 1
