@@ -91,20 +91,32 @@ def alpha_beta_from_bandwidth(bytes_per_second: float, latency_s: float) -> Link
     return Link(alpha=float(latency_s), beta=1.0 / float(bytes_per_second))
 
 
+def ring_coefficients(kind: str, world_size: int) -> tuple[float, float]:
+    """(latency factor, byte factor) of a ring collective: ``t = lat·α + bytes·b·β``.
+
+    ``b`` is what one rank passes in (its all-reduce tensor, or its all-gather shard).
+    The one place the ring formulas live: the cost model and the link probe's fit use it.
+    """
+    n = world_size
+    if n < 1:
+        raise ValueError(f"world_size: must be >= 1, got {n}")
+    if kind == "all_reduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n
+    if kind == "all_gather":
+        return float(n - 1), float(n - 1)
+    raise ValueError(f"kind: must be 'all_reduce' or 'all_gather', got {kind!r}")
+
+
 def all_reduce_s(nbytes: float, world_size: int, link: Link) -> float:
     """Ring all-reduce of ``nbytes``: ``2(N−1)·α + 2(N−1)/N · b·β``; zero for one worker."""
-    if world_size <= 1:
-        return 0.0
-    n = world_size
-    return 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * nbytes * link.beta
+    latency, per_byte = ring_coefficients("all_reduce", world_size)
+    return latency * link.alpha + per_byte * nbytes * link.beta
 
 
 def all_gather_s(nbytes_per_worker: float, world_size: int, link: Link) -> float:
     """Ring all-gather, ``b`` bytes from each worker: ``(N−1)·α + (N−1) · b·β``."""
-    if world_size <= 1:
-        return 0.0
-    n = world_size
-    return (n - 1) * link.alpha + (n - 1) * nbytes_per_worker * link.beta
+    latency, per_byte = ring_coefficients("all_gather", world_size)
+    return latency * link.alpha + per_byte * nbytes_per_worker * link.beta
 
 
 # --------------------------------------------------------------------------------------------

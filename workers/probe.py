@@ -36,6 +36,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
+from compressors.costmodel import Link, all_reduce_s, ring_coefficients
+
 if TYPE_CHECKING:  # torch is imported inside probe_link: the rest stays importable without it
     import torch
     import torch.distributed as dist
@@ -51,25 +53,9 @@ FP32_BYTES = 4
 # --------------------------------------------------------------------------- the α-β model
 
 
-def ring_coefficients(kind: CollectiveKind, world_size: int) -> tuple[float, float]:
-    """(latency factor, byte factor) of a ring collective: t = lat·α + bytes·b·β.
-
-    ``b`` is what one rank passes in (its all-reduce tensor, or its all-gather shard).
-    """
-    n = world_size
-    if n < 1:
-        raise ValueError(f"world_size: must be >= 1, got {n}")
-    if kind == "all_reduce":
-        return 2.0 * (n - 1), 2.0 * (n - 1) / n
-    if kind == "all_gather":
-        return float(n - 1), float(n - 1)
-    raise ValueError(f"kind: must be 'all_reduce' or 'all_gather', got {kind!r}")
-
-
 def all_reduce_seconds(nbytes: float, world_size: int, alpha_s: float, beta_s_per_byte: float) -> float:
     """Predicted time of a ring all-reduce of ``nbytes`` under the α-β model."""
-    lat, per_byte = ring_coefficients("all_reduce", world_size)
-    return lat * alpha_s + per_byte * nbytes * beta_s_per_byte
+    return all_reduce_s(nbytes, world_size, Link(alpha=alpha_s, beta=beta_s_per_byte))
 
 
 def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float], world_size: int) -> tuple[float, float]:
