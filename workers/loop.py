@@ -335,7 +335,20 @@ class _Reporter:
     def probe_due(self) -> bool:
         if self.env.rank != 0 or self.env.world_size == 1:
             return False
-        return self.scheduler.due(time.monotonic() - self.started, time.monotonic() - self.started)
+        elapsed = time.monotonic() - self.started
+        return self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost())
+
+    def _next_probe_cost(self) -> float:
+        """The last probe's cost, scaled up by how much slower the link has become since.
+
+        Why: the probe moves a fixed number of bytes, so at 50 Mbit/s it takes ~20x as long
+        as at 1 Gbit/s; budgeting it at the last (fast) probe's cost broke the 2 % budget.
+        """
+        current, _ = self.bandwidth()
+        probed = self.estimate.bandwidth_bytes_per_second
+        if not current or not math.isfinite(probed) or current >= probed:
+            return self.scheduler.last_cost_s
+        return self.scheduler.last_cost_s * probed / current
 
     def proposal(self) -> Decision | None:
         return self.source.current() if self.env.rank == 0 else None

@@ -262,13 +262,18 @@ class ProbeScheduler:
         if not 0 < self.max_cost_fraction < 1:
             raise ValueError(f"max_cost_fraction: must be in (0, 1), got {self.max_cost_fraction}")
 
-    def due(self, now: float, elapsed_s: float) -> bool:
-        """Whether to probe now."""
+    def due(self, now: float, elapsed_s: float, expected_cost_s: float | None = None) -> bool:
+        """Whether to probe now.
+
+        ``expected_cost_s`` is what the next probe will cost, by default as much as the last;
+        pass more when the link got slower since (the probe's transfers take longer).
+        """
         if self.last_probe_at is None:
             return True
         if now - self.last_probe_at < self.probe_interval_s:
             return False
-        return self.total_cost_s + self.last_cost_s <= self.max_cost_fraction * elapsed_s
+        cost = self.last_cost_s if expected_cost_s is None else expected_cost_s
+        return self.total_cost_s + cost <= self.max_cost_fraction * elapsed_s
 
     def record(self, now: float, cost_s: float) -> None:
         """Note that a probe finished at ``now`` after ``cost_s`` seconds."""

@@ -171,6 +171,15 @@ def test_budget_blocks_until_earned_and_says_when() -> None:
     assert sched.due(now=100.0, elapsed_s=100.0)
 
 
+def test_a_probe_expected_to_cost_more_waits_for_more_budget() -> None:
+    # The link slowed 20x since the last (1 s) probe: the next one will cost ~20 s.
+    sched = ProbeScheduler(probe_interval_s=1, max_cost_fraction=0.02)
+    sched.record(now=1.0, cost_s=1.0)
+    assert sched.due(now=100.0, elapsed_s=100.0)
+    assert not sched.due(now=100.0, elapsed_s=100.0, expected_cost_s=20.0)
+    assert sched.due(now=1050.0, elapsed_s=1050.0, expected_cost_s=20.0)
+
+
 @pytest.mark.parametrize("kwargs", [{"probe_interval_s": 0}, {"max_cost_fraction": 0}, {"max_cost_fraction": 1.5}])
 def test_scheduler_validates_its_config(kwargs: dict) -> None:
     with pytest.raises(ValueError):
