@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
-import math
 import os
 import random
 import resource
@@ -156,20 +155,19 @@ def bench_lock() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _cpu_jiffies() -> tuple[int, int]:
-    """(busy, total) CPU time of the whole machine so far, in clock ticks (``/proc/stat``)."""
+def _busy_ticks() -> int:
+    """Busy CPU time of the whole machine so far, in clock ticks (``/proc/stat``)."""
     with open("/proc/stat") as handle:
         fields = [int(v) for v in handle.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle
 
 
 def busy_cores(window_s: float = 0.5) -> float:
     """How many cores the machine keeps busy, averaged over ``window_s``."""
-    busy0, _ = _cpu_jiffies()
+    before = _busy_ticks()
     time.sleep(window_s)
-    busy1, _ = _cpu_jiffies()
-    return (busy1 - busy0) / os.sysconf("SC_CLK_TCK") / window_s
+    return (_busy_ticks() - before) / os.sysconf("SC_CLK_TCK") / window_s
 
 
 def wait_for_quiet(max_wait_s: float) -> float:
@@ -188,14 +186,14 @@ def wait_for_quiet(max_wait_s: float) -> float:
 def foreign_load(record: dict[str, float]) -> Iterator[None]:
     """Measure the cores that processes *other than this one's children* kept busy meanwhile."""
     ticks = os.sysconf("SC_CLK_TCK")
-    busy0, _ = _cpu_jiffies()
+    busy0 = _busy_ticks()
     ours0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     self0 = resource.getrusage(resource.RUSAGE_SELF)
     started = time.monotonic()
     try:
         yield
     finally:
-        busy1, _ = _cpu_jiffies()
+        busy1 = _busy_ticks()
         ours1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         self1 = resource.getrusage(resource.RUSAGE_SELF)
         ours = sum(getattr(b, f) - getattr(a, f) for a, b in ((ours0, ours1), (self0, self1)) for f in ("ru_utime", "ru_stime"))
@@ -205,7 +203,7 @@ def foreign_load(record: dict[str, float]) -> Iterator[None]:
 
 @dataclass
 class JobRun:
-    """What one job left behind: rank 0's reports (one per step), its summary, rate changes."""
+    """What one job left behind: rank 0's telemetry reports, its summary, the rate changes."""
 
     label: str
     reports: list[dict[str, Any]]
@@ -250,8 +248,9 @@ def run_job(tb: Testbed, cfg: TrainConfig, phases: Sequence[Phase], workdir: Pat
     init = f"tcp://{tb.address(0)}:{random.randint(20000, 40000)}"
     procs = []
     for rank in range(2):
-        argv = [sys.executable, __file__, "_rank", "--checkpoint-dir", str(workdir / "checkpoints"), "--config", str(config_path), "--rank", str(rank), "--world-size", "2",
-                "--init-method", init, "--summary", str(summary_path), "--progress", str(progress)]
+        argv = [sys.executable, __file__, "_rank", "--checkpoint-dir", str(workdir / "checkpoints"),
+                "--config", str(config_path), "--rank", str(rank), "--world-size", "2", "--init-method", init,
+                "--summary", str(summary_path), "--progress", str(progress)]
         env = {**worker_env(tb, rank), "PYTHONPATH": str(ROOT)}
         with open(workdir / f"rank{rank}.log", "w") as log:
             procs.append(tb.run(rank, argv, env=env, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT))

@@ -87,6 +87,9 @@ A_RATIO = 4.0  # regime (a): S-SGD communication ≈ 4× compute (acceptance ask
 CALIBRATION_MBIT = 10_000.0
 RETRY_PAUSE_S = 30.0
 CALIBRATION_PROTOCOL_STEPS = (5, 1, 6)
+#: One colour per method in every plot.
+METHOD_COLOURS = {"ssgd": "#4c72b0", "signsgd": "#dd8452", "topk": "#937860", "powersgd": "#55a868",
+                  "torch_powersgd": "#8172b3", "acpsgd": "#c44e52"}
 PHASES = ("data", "forward", "backward", "exposed_comm", "optimizer", "compress", "communicate", "decompress")
 
 
@@ -156,6 +159,8 @@ PAPER_PROTOCOL = Protocol(10, 5, 10)
 FALLBACK_PROTOCOLS = (Protocol(6, 5, 6), Protocol(4, 3, 4), Protocol(3, 2, 2))
 CALIBRATION_PROTOCOL = Protocol(*CALIBRATION_PROTOCOL_STEPS)
 ABLATION_PROTOCOL = Protocol(4, 3, 4)
+GRID_MBITS = {"resnet50": (100.0, 500.0, 2000.0), "bert-base": (100.0, 500.0, 2000.0),
+              "resnet152": (500.0, 2000.0), "bert-large": (500.0, 2000.0)}
 FUSION_CAPS_MB = (1e-4, 1.0, 5.0, 25.0, 100.0, 1000.0)  # 1e-4: one tensor per bucket (fusion off)
 RANK_SWEEP = {"resnet50": (1, 2, 4, 8, 16), "bert-base": (8, 16, 32, 64)}
 QUICK_PROTOCOL = Protocol(5, 2, 2)  # PyTorch's hook needs ~5 steps to settle (allocations)
@@ -403,6 +408,8 @@ class Runner:
         self.cache_dir = cache_dir
         self.quiet_cores = quiet_cores
         self.quiet_wait_s = quiet_wait_s
+        #: Re-measure cached configurations that other processes disturbed (keep the better).
+        self.remeasure_disturbed = False
         self.log = log
         self._testbeds: dict[int, Any] = {}
         self._port = 29_600 + os.getpid() % 500
@@ -428,10 +435,15 @@ class Runner:
         than ``max_other_cores`` of the CPUs is repeated up to ``retries`` times after a pause;
         the least disturbed attempt is kept, and its disturbance is recorded either way."""
         cached = self.cache_dir / f"{cell.key()}.json" if self.cache_dir else None
-        if cached is not None and cached.exists():
-            self.log(f"          (cached)")
-            return json.loads(cached.read_text())
         best: dict[str, Any] | None = None
+        if cached is not None and cached.exists():
+            best = json.loads(cached.read_text())
+            # Calibrations are never re-measured: the regimes (and so every other key) depend on them.
+            disturbed = best.get("other_cpu_cores", 0.0) > max_other_cores and cell.tag != "calibration"
+            if not (self.remeasure_disturbed and disturbed):
+                self.log("          (cached)")
+                return best
+            self.log(f"          cached run was disturbed ({best['other_cpu_cores']:.2f} other cores): measuring again")
         for attempt in range(retries + 1):
             raw = self._attempt(cell, timeout_s)
             raw["attempts"] = attempt + 1
@@ -800,8 +812,9 @@ def plot_phases(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         ax.set_ylabel("s / iteration")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c, label=label) for label, c in colours.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06 if nrows > 1 else 0.1, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -823,15 +836,17 @@ def plot_speedup(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
             pts = sorted((r["mbit"], base[r["mbit"]] / r["iter_s"]) for r in rows
                          if r["model"] == model and r["workers"] == 2 and r["method"] == method and r["mbit"] in base)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method,
+                        color=METHOD_COLOURS[method])
         ax.set_xscale("log")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_title(model)
         ax.set_xlabel("link Mbit/s")
         ax.set_ylabel("speedup over S-SGD")
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles = [plt.Line2D([], [], color=c, marker="o", label=m) for m, c in METHOD_COLOURS.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
@@ -853,19 +868,24 @@ def plot_ablations(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         for method in ("ssgd", "powersgd", "acpsgd"):
             pts = sorted((r["bucket_cap_mb"], r["iter_s"]) for r in sel if r["tag"] == "fusion" and r["method"] == method)
             if pts:
-                ax.plot([max(p[0], 1e-2) for p in pts], [p[1] for p in pts], marker="o", label=method)
+                ax.plot([max(p[0], 1e-2) for p in pts], [p[1] for p in pts], marker="o", label=method,
+                        color=METHOD_COLOURS[method])
         ax.set_xscale("log")
         ax.set_xlabel("bucket_cap_mb (0.01 = fusion off: one tensor per bucket)")
         ax.set_ylabel("s / iteration")
         ax.set_title(f"{model}: tensor fusion")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
         ax = axes[i][1]
         labels, values = [], []
         for r in sorted((r for r in sel if r["tag"] in ("pipelining", "fusion") and r["bucket_cap_mb"] == 25.0),
                         key=lambda r: (r["method"], not r["pipelining"])):
-            labels.append(f"{r['method']}\n{'on' if r['pipelining'] else 'off'}")
+            labels.append(f"{r['method']} {'on' if r['pipelining'] else 'off'}\n{r['mbit']:g} Mbit/s")
             values.append(r["iter_s"])
-        ax.bar(range(len(values)), values, color="#55a868")
+        bars = ax.bar(range(len(values)), values, color=[METHOD_COLOURS[label.split()[0]] for label in labels])
+        for bar, label in zip(bars, labels):
+            if " off" in label:
+                bar.set_hatch("//")
         ax.set_xticks(range(len(values)))
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_title(f"{model}: pipelining on/off")
@@ -873,11 +893,13 @@ def plot_ablations(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         for method in ("powersgd", "acpsgd"):
             pts = sorted((r["rank"], r["iter_s"]) for r in sel if r["tag"] == "rank" and r["method"] == method)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method,
+                        color=METHOD_COLOURS[method])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rank")
         ax.set_title(f"{model}: rank sweep")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -908,7 +930,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"ResNet-50 + BERT-Base, 2 workers, regimes (a) and (b) only, protocol "
                              f"{QUICK_PROTOCOL.warmup} warm-up + {QUICK_PROTOCOL.repeats}×{QUICK_PROTOCOL.iters}")
     parser.add_argument("--models", nargs="+", choices=list(WORKLOADS))
-    parser.add_argument("--mbits", nargs="+", type=float, default=[100.0, 500.0, 2000.0], help="grid bandwidths (full run)")
+    parser.add_argument("--mbits", nargs="+", type=float,
+                        help="grid bandwidths for every model (default: 100 500 2000 Mbit/s for ResNet-50 and "
+                             "BERT-Base, 500 2000 for ResNet-152 and BERT-Large, whose S-SGD at 100 Mbit/s "
+                             "takes 20-45 s an iteration)")
     parser.add_argument("--four-workers", action=argparse.BooleanOptionalAction, default=None,
                         help="also ResNet-50 with 4 workers (full run default: on)")
     parser.add_argument("--ablations", action=argparse.BooleanOptionalAction, default=None,
@@ -920,6 +945,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "gradwire-paper-cache",
                         help="finished cells are kept here and reused (delete it, or --no-cache, to re-measure)")
     parser.add_argument("--no-cache", action="store_true")
+    parser.add_argument("--remeasure-disturbed", action="store_true",
+                        help="measure cached configurations again if other processes disturbed them")
     parser.add_argument("--retries", type=int, help="re-measure a disturbed configuration up to this often "
                         "(default 1; 0 with --quick)")
     parser.add_argument("--quiet-wait-s", type=float,
@@ -961,6 +988,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
     cost = json.loads(cost_path.read_text()) if cost_path.exists() else None
     runner = Runner(None if args.no_cache else args.cache_dir, quiet_cores=args.max_other_cores,
                     quiet_wait_s=args.quiet_wait_s if args.quiet_wait_s is not None else (20.0 if quick else 120.0))
+    runner.remeasure_disturbed = args.remeasure_disturbed
     started = time.monotonic()
     results: list[dict[str, Any]] = []
     ablation_rows: list[dict[str, Any]] = []
@@ -1016,7 +1044,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
         # 4. The bandwidth grid (and 4 workers for ResNet-50).
         if grid:
             for model in models:
-                for mbit in args.mbits:
+                for mbit in args.mbits or GRID_MBITS[model]:
                     for method in METHODS:
                         measure(Cell(model, method, 2, float(mbit)), results)
             if four and "resnet50" in models:
