@@ -23,6 +23,8 @@ def policy_config(compression: CompressionConfig, **overrides: float) -> PolicyC
         allowed=tuple(compression.allowed or COMPRESSOR_NAMES),
         min_rank=compression.min_rank,
         max_rank=compression.max_rank,
+        gain_threshold=compression.gain_threshold,
+        min_dwell_s=compression.min_dwell_s,
         **overrides,
     )
 

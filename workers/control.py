@@ -214,15 +214,16 @@ class SwitchAgreement:
     def due(self, step: int) -> bool:
         return step % self.sync_every == 0
 
-    def exchange(self, step: int, proposal: Decision | None, probe_now: bool) -> tuple[Decision | None, bool]:
-        """Collective. Rank 0's (decision, probe_now) reach every rank.
+    def exchange(self, step: int, proposal: Decision | None, probe_bytes: int) -> tuple[Decision | None, int]:
+        """Collective. Rank 0's (decision, probe_bytes) reach every rank.
 
         Returns the decision to apply *before* ``step`` if it is newer than the one in force
-        (else None), and whether to probe the link now.
+        (else None), and rank 0's probe request: the large probe message's size in bytes,
+        0 for no probe (every rank must probe with the same sizes).
         """
         message: list[Any] = [None]
         if dist.get_rank() == 0:
-            message[0] = (proposal.model_dump() if proposal is not None else None, probe_now)
+            message[0] = (proposal.model_dump() if proposal is not None else None, int(probe_bytes))
         if dist.get_world_size() > 1:
             dist.broadcast_object_list(message, src=0, group=self.group)
         payload, probe = message[0]

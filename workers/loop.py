@@ -49,7 +49,16 @@ from workers.control import (
 from workers.adaptive import decision_for
 from workers.data import InfiniteLoader, batches_per_epoch, build_dataset, input_spec, make_loader
 from workers.models import build_model
-from workers.probe import LinkEstimate, PassiveBandwidth, ProbeScheduler, probe_link
+from workers.probe import (
+    DEFAULT_SIZES,
+    PROBE_STOP_FACTOR,
+    PROBE_TRANSFER_S,
+    LinkEstimate,
+    PassiveBandwidth,
+    ProbeScheduler,
+    probe_link,
+    sized_probe,
+)
 from workers.protocol import Decision, ModelProfile, Telemetry, TrainConfig
 from workers.timing import StepTimer
 
@@ -211,7 +220,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     for step in range(start_step, total_steps):
         # 4. agree on the compressor (and a probe) at the same step on every rank
         if agreement.due(step):
-            decision, probe_now = agreement.exchange(step, reporter.proposal(), reporter.probe_due())
+            decision, probe_bytes = agreement.exchange(step, reporter.proposal(), reporter.probe_request())
             if decision is not None:
                 record.applied.append({"step": step, "version": decision.version,
                                        "compressor": decision.compressor, "params": decision.params})
@@ -221,8 +230,9 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
                     timer.reset_window()
                     switches.append({"step": step, "at_s": round(time.monotonic() - run_started, 3), "to": spec.label,
                                      "version": decision.version, "reason": decision.reason})
-            if probe_now and env.world_size > 1:
-                reporter.link(probe_link(sync.process_group))
+            if probe_bytes and env.world_size > 1:
+                reporter.link(probe_link(sync.process_group, sizes=(DEFAULT_SIZES[0], probe_bytes), warmup=False,
+                                         stop_after_s=PROBE_STOP_FACTOR * PROBE_TRANSFER_S))
         # 3. one step, every phase timed
         with timer.phase("data"):
             inputs, targets = (t.to(device, non_blocking=True) for t in next(loader))
@@ -332,23 +342,31 @@ class _Reporter:
             self.passive.anchor(estimate)
             self.scheduler.record(time.monotonic() - self.started, estimate.cost_s)
 
-    def probe_due(self) -> bool:
-        if self.env.rank != 0 or self.env.world_size == 1:
-            return False
-        elapsed = time.monotonic() - self.started
-        return self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost())
+    def probe_request(self) -> int:
+        """Rank 0: the large probe message's size if a probe is due now, else 0.
 
-    def _next_probe_cost(self) -> float:
-        """The last probe's cost, scaled up by how much slower the link has become since.
-
-        Why: the probe moves a fixed number of bytes, so at 50 Mbit/s it takes ~20x as long
-        as at 1 Gbit/s; budgeting it at the last (fast) probe's cost broke the 2 % budget.
+        The probe is sized to the current estimate (:func:`workers.probe.sized_probe`), so it
+        costs about the same at any rate and fits the 2 % budget every few seconds.
         """
+        if self.env.rank != 0 or self.env.world_size == 1:
+            return 0
+        elapsed = time.monotonic() - self.started
+        current, _ = self.bandwidth()
+        large = sized_probe(current)[1]
+        return large if self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost(large)) else 0
+
+    def _next_probe_cost(self, large_bytes: int) -> float:
+        """The last probe's cost, scaled by the bytes the next one moves and by how much the
+        link has slowed since (a probe of the same size takes ~20x as long at 50 Mbit/s as at
+        1 Gbit/s; budgeting it at the last fast probe's cost broke the 2 % budget)."""
+        cost = self.scheduler.last_cost_s
+        if self.estimate.probe_bytes:
+            cost *= large_bytes / self.estimate.probe_bytes
         current, _ = self.bandwidth()
         probed = self.estimate.bandwidth_bytes_per_second
-        if not current or not math.isfinite(probed) or current >= probed:
-            return self.scheduler.last_cost_s
-        return self.scheduler.last_cost_s * probed / current
+        if current and math.isfinite(probed) and current < probed:
+            cost *= probed / current
+        return cost
 
     def proposal(self) -> Decision | None:
         return self.source.current() if self.env.rank == 0 else None

@@ -48,6 +48,33 @@ CollectiveKind = Literal["all_reduce", "all_gather"]
 #: bandwidth against timer noise, yet a 2-worker probe costs well under a second at 100 Mbit/s.
 DEFAULT_SIZES: tuple[int, int] = (4 * 1024, 4 * 1024 * 1024)
 FP32_BYTES = 4
+#: Probes during training size their large message to this much transfer time at the
+#: estimated rate (see :func:`sized_probe`), within these bounds.
+PROBE_TRANSFER_S = 0.02
+MIN_LARGE_PROBE_BYTES = 64 * 1024
+MAX_LARGE_PROBE_BYTES = DEFAULT_SIZES[1]
+#: A sized probe whose first large message takes this many times its target stops there.
+PROBE_STOP_FACTOR = 4.0
+
+
+def sized_probe(bytes_per_second: float | None) -> tuple[int, int]:
+    """Probe sizes for a link estimated at ``bytes_per_second`` (``None``: not known yet).
+
+    Why: a fixed 4 MiB probe takes ~34 ms at 1 Gbit/s but ~0.7 s at 50 Mbit/s, so on a slow
+    link the probe budget allows one only every minute or two, and a job that compresses
+    (its payloads too small to time) stays blind to the link recovering. Sized to ~20 ms of
+    transfer, a probe costs about the same (~70 ms) at any rate. Not less than ~20 ms: a
+    shaper lets a burst through at line rate (the testbed's tbf a 4 ms bucket, cloud NICs
+    theirs), and a probe that fits in the burst measures the line, not the rate. If the
+    estimate is stale (a compressing job cannot time its small payloads) the next probe is
+    mis-sized; when its first large message takes over ``PROBE_STOP_FACTOR`` times the
+    target, the probe stops after that one round (``stop_after_s`` of :func:`probe_link`),
+    and its result sizes the following one right.
+    """
+    if bytes_per_second is None or not math.isfinite(bytes_per_second) or bytes_per_second <= 0:
+        return DEFAULT_SIZES[0], MAX_LARGE_PROBE_BYTES
+    large = int(min(MAX_LARGE_PROBE_BYTES, max(MIN_LARGE_PROBE_BYTES, bytes_per_second * PROBE_TRANSFER_S)))
+    return DEFAULT_SIZES[0], large
 
 
 # --------------------------------------------------------------------------- the α-β model
@@ -110,14 +137,17 @@ class LinkEstimate:
     measured_at: float
     cost_s: float
     world_size: int = 1
+    #: The largest message the probe timed (0: no probe), to budget the next one by.
+    probe_bytes: int = 0
 
     @classmethod
     def from_fit(cls, alpha_s: float, beta_s_per_byte: float, world_size: int, *,
-                 measured_at: float, cost_s: float) -> "LinkEstimate":
+                 measured_at: float, cost_s: float, probe_bytes: int = 0) -> "LinkEstimate":
         bandwidth = math.inf if beta_s_per_byte == 0 else 1.0 / beta_s_per_byte
         lat, _ = ring_coefficients("all_reduce", world_size)
         return cls(alpha_s=alpha_s, beta_s_per_byte=beta_s_per_byte, bandwidth_bytes_per_second=bandwidth,
-                   latency_s=lat * alpha_s, measured_at=measured_at, cost_s=cost_s, world_size=world_size)
+                   latency_s=lat * alpha_s, measured_at=measured_at, cost_s=cost_s, world_size=world_size,
+                   probe_bytes=probe_bytes)
 
     @classmethod
     def no_link(cls, measured_at: float | None = None) -> "LinkEstimate":
@@ -149,14 +179,21 @@ def probe_link(
     *,
     sizes: Sequence[int] = DEFAULT_SIZES,
     repeats: int = 3,
+    warmup: bool = True,
+    stop_after_s: float | None = None,
     device: "torch.device | str | None" = None,
 ) -> LinkEstimate:
     """Measure α and β of ``process_group``'s all-reduce; every rank must call it.
 
     1. World size 1 (or no initialised process group): return :meth:`LinkEstimate.no_link`.
-    2. One untimed all-reduce per size: connections, buffers and caches warm up.
+    2. One untimed all-reduce per size: connections, buffers and caches warm up (skip it
+       with ``warmup=False`` during training, where the connections are warm and the median
+       of the repeats discards a slow first one).
     3. ``repeats`` rounds over the sizes; before each timing a barrier lines the ranks up,
-       and on CUDA a synchronise makes the clock stop when the data has arrived.
+       and on CUDA a synchronise makes the clock stop when the data has arrived. With
+       ``stop_after_s``, a first round whose large message took longer (on any rank: the
+       ranks agree by an all-reduce of their times) is the only one: the link is much slower
+       than the probe was sized for, and one long transfer measures it well enough.
     4. Each rank fits (α, β) to the median time of every size; rank 0's fit, time stamp
        and cost are broadcast so all ranks return the same estimate.
 
@@ -175,20 +212,26 @@ def probe_link(
     started = time.perf_counter()
     tensors = _probe_tensors(sizes, dev)
     nbytes = [t.numel() * t.element_size() for t in tensors]
-    for tensor in tensors:
-        dist.all_reduce(tensor, group=process_group)
-    _synchronize(dev)
+    if warmup:
+        for tensor in tensors:
+            dist.all_reduce(tensor, group=process_group)
+        _synchronize(dev)
     times: list[list[float]] = [[] for _ in tensors]
-    for _ in range(repeats):
+    for round_ in range(repeats):
         for i, tensor in enumerate(tensors):
             times[i].append(_timed_all_reduce(tensor, process_group, dev))
+        if stop_after_s is not None and round_ == 0 and repeats > 1:
+            slowest = torch.tensor([times[-1][0]], dtype=torch.float64, device=dev)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=process_group)
+            if float(slowest) > stop_after_s:
+                break
     alpha, beta = fit_alpha_beta(nbytes, [statistics.median(ts) for ts in times], world_size)
     cost = time.perf_counter() - started
     agreed = torch.tensor([alpha, beta, time.time(), cost], dtype=torch.float64, device=dev)
     src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
     dist.broadcast(agreed, src=src, group=process_group)
     alpha, beta, measured_at, cost = agreed.tolist()
-    return LinkEstimate.from_fit(alpha, beta, world_size, measured_at=measured_at, cost_s=cost)
+    return LinkEstimate.from_fit(alpha, beta, world_size, measured_at=measured_at, cost_s=cost, probe_bytes=max(nbytes))
 
 
 def _probe_device(process_group: "dist.ProcessGroup | None", device: "torch.device | str | None") -> "torch.device":

@@ -44,6 +44,12 @@ class CompressionConfig(_Strict):
     allowed: list[str] | None = None
     min_rank: int = Field(default=1, ge=1, le=4096)
     max_rank: int = Field(default=64, ge=1, le=4096)
+    #: Hysteresis of the adaptive policy: switch only for a predicted step-time saving above
+    #: this fraction, and no sooner than ``min_dwell_s`` after the last switch. The defaults
+    #: suit links that change over minutes; a benchmark that compresses a day's changes into
+    #: seconds scales the dwell down with it.
+    gain_threshold: float = Field(default=0.10, ge=0, le=1)
+    min_dwell_s: float = Field(default=30.0, ge=0, le=86_400)
 
     @field_validator("compressor")
     @classmethod

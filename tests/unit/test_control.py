@@ -35,8 +35,9 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any
 
 V1 = Decision(version=1, compressor="powersgd", params={"rank": 2}, reason="first")
 V2 = Decision(version=2, compressor="topk", params={"ratio": 0.05}, reason="second")
-#: Rank 0's proposal and probe flag at each agreement step (sync_every=5).
-PLAN: dict[int, tuple[Decision | None, bool]] = {0: (None, False), 5: (V1, True), 10: (V1, False), 15: (V2, False)}
+#: Rank 0's proposal and probe request (large message bytes, 0: none) at each agreement step.
+PROBE_BYTES = 256 * 1024
+PLAN: dict[int, tuple[Decision | None, int]] = {0: (None, 0), 5: (V1, PROBE_BYTES), 10: (V1, 0), 15: (V2, 0)}
 
 
 def _agree(rank: int, world_size: int) -> dict[str, Any]:
@@ -47,18 +48,18 @@ def _agree(rank: int, world_size: int) -> dict[str, Any]:
             continue
         proposal, probe = PLAN[step]
         if rank != 0:  # other ranks' proposals are ignored: only rank 0's choice counts
-            proposal, probe = Decision(version=99, compressor="signsgd", reason="not rank 0"), not probe
+            proposal, probe = Decision(version=99, compressor="signsgd", reason="not rank 0"), 12345 - probe
         decision, probe_now = agreement.exchange(step, proposal, probe)
         seen.append((step, decision.model_dump() if decision else None, probe_now))
     resumed = SwitchAgreement(sync_every=5, version=2)  # after a restart: version 2 already in force
-    again, _ = resumed.exchange(20, V2 if rank == 0 else None, False)
+    again, _ = resumed.exchange(20, V2 if rank == 0 else None, 0)
     return {"seen": seen, "history": [vars(a) for a in agreement.history], "version": agreement.version,
             "resumed": again}
 
 
 def test_switch_agreement_gives_every_rank_rank_0s_decision_at_the_same_step():
     results = run_ranks(_agree, 2, timeout=120)
-    expected_seen = [(0, None, False), (5, V1.model_dump(), True), (10, None, False), (15, V2.model_dump(), False)]
+    expected_seen = [(0, None, 0), (5, V1.model_dump(), PROBE_BYTES), (10, None, 0), (15, V2.model_dump(), 0)]
     for result in results:
         assert result["seen"] == expected_seen
         assert [(a["step"], a["version"], a["compressor"], a["params"]) for a in result["history"]] == [
@@ -226,6 +227,21 @@ def test_in_process_policy_runs_once_it_has_a_profile_and_a_bandwidth():
     assert policy.evaluations == 4
     assert policy.last_reason and not policy.last_reason.startswith("waiting")
     assert isinstance(policy.current(), Decision)
+
+
+def test_the_jobs_hysteresis_settings_reach_the_policy():
+    from workers.adaptive import AdaptiveController
+
+    default = AdaptiveController(CompressionConfig(mode="adaptive")).config
+    assert (default.min_dwell_s, default.gain_threshold) == (30.0, 0.10)
+    tuned = AdaptiveController(CompressionConfig(mode="adaptive", min_dwell_s=2.5, gain_threshold=0.2)).config
+    assert (tuned.min_dwell_s, tuned.gain_threshold) == (2.5, 0.2)
+
+
+@pytest.mark.parametrize("field, value", [("min_dwell_s", -1.0), ("gain_threshold", 1.5)])
+def test_hysteresis_settings_out_of_range_name_the_field(field: str, value: float):
+    with pytest.raises(ValueError, match=field):
+        CompressionConfig(mode="adaptive", **{field: value})
 
 
 def test_a_failing_policy_keeps_the_current_decision(monkeypatch):
