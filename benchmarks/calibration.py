@@ -15,7 +15,10 @@ first ~50 steps run slower), and compares, for every (compressor, rate):
   between phases), the DDP bucket layout and the calibrated encode/decode costs from the
   telemetry's ``profile`` (the job runs in adaptive mode with a scripted decision, so the
   loop calibrates codecs as it does for the policy while the compressor stays fixed), and
-  the link as a gloo all-reduce on the testbed measures it at that rate.
+  the link as a gloo all-reduce on the testbed measures it at that rate, plus the testbed
+  shaper's known burst (``Link.burst_bytes``: each step's first ~64 kB pass at line rate
+  after the link idled through forward). ``error_no_burst`` in the JSON is the same model
+  without it, i.e. what the policy predicts (probes cannot see a burst).
 
 The error is ``predicted / measured - 1``; the target is within 25 %.
 
@@ -50,7 +53,7 @@ from benchmarks.adaptive import (  # noqa: E402
     train_config,
     wait_for_quiet,
 )
-from benchmarks.testbed import Testbed, measure_allreduce  # noqa: E402
+from benchmarks.testbed import Testbed, measure_allreduce, tbf_burst_bytes  # noqa: E402
 from compressors.costmodel import alpha_beta_from_bandwidth, predict_step  # noqa: E402
 from compressors.spec import make_spec  # noqa: E402
 from workers.adaptive import step_profile  # noqa: E402
@@ -75,7 +78,8 @@ def measure_links(tb: Testbed, rates: Sequence[float]) -> dict[float, dict[str, 
         # The fastest of the repeats: a late wake-up of either process only ever adds time.
         latency, large_s = min(small.seconds), min(large.seconds)
         links[mbit] = {"bandwidth_bytes_per_second": LINK_PROBE_BYTES / max(1e-9, large_s - latency),
-                       "latency_s": latency, "mbit_seen": 2 * (2 - 1) / 2 * LINK_PROBE_BYTES * 8 / large_s / 1e6}
+                       "latency_s": latency, "mbit_seen": 2 * (2 - 1) / 2 * LINK_PROBE_BYTES * 8 / large_s / 1e6,
+                       "burst_bytes": tbf_burst_bytes(mbit)}
         print(f"[calibration] link at {mbit:g} Mbit/s: gloo sees {links[mbit]['mbit_seen']:.0f} Mbit/s, "
               f"latency {latency * 1e3:.2f} ms", flush=True)
     return links
@@ -133,13 +137,18 @@ def predict(label: str, run: JobRun, phases: Sequence[Phase], links: dict[float,
         })
         model = step_profile(profile, (spec,))
         link = links[phase.mbit]
-        predicted = predict_step(spec, model, 2, alpha_beta_from_bandwidth(
-            link["bandwidth_bytes_per_second"], link["latency_s"] / 2))  # latency 2α on 2 workers
+        alpha_beta = alpha_beta_from_bandwidth(link["bandwidth_bytes_per_second"], link["latency_s"] / 2)  # 2α on 2 workers
+        predicted = predict_step(spec, model, 2, alpha_beta._replace(burst_bytes=link["burst_bytes"]))
+        unshaped = predict_step(spec, model, 2, alpha_beta)
         measured = means["forward"] + means["backward"] + means["optimizer"]
         rows.append({
             "compressor": label, "mbit": phase.mbit,
             "measured_s": round(measured, 5), "predicted_s": round(predicted.step_s, 5),
             "error": round(predicted.step_s / measured - 1, 4),
+            # The same model without the shaper's burst (what the policy predicts: probes
+            # cannot see a burst), for comparison.
+            "predicted_no_burst_s": round(unshaped.step_s, 5),
+            "error_no_burst": round(unshaped.step_s / measured - 1, 4),
             "measured_wall_step_s": round(wall, 5),
             "measured_exposed_comm_s": round(means["exposed_comm"], 5),
             "predicted_exposed_comm_s": round(predicted.exposed_comm_s, 5),

@@ -182,14 +182,19 @@ def _check_available() -> tuple[bool, str]:
 # --------------------------------------------------------------------------- shaping
 
 
-def _tbf_args(mbit: float) -> list[str]:
-    """``tbf`` parameters for a rate; the bucket holds ~4 ms of traffic, at least 64 KiB.
+def tbf_burst_bytes(mbit: float) -> int:
+    """The testbed's ``tbf`` bucket at ``mbit``: ~4 ms of traffic, at least 64 KiB.
 
     The bucket must hold at least one (GSO) packet or tbf stalls; much more than a few
-    milliseconds would let short transfers run at the veth's native speed.
+    milliseconds would let short transfers run at the veth's native speed. What it lets
+    through at line rate after an idle spell is the cost model's ``Link.burst_bytes``.
     """
-    rate_bytes = mbit * 1e6 / 8
-    burst = max(64 * 1024, int(rate_bytes * 0.004))
+    return max(64 * 1024, int(mbit * 1e6 / 8 * 0.004))
+
+
+def _tbf_args(mbit: float) -> list[str]:
+    """``tbf`` parameters for a rate (bucket: :func:`tbf_burst_bytes`)."""
+    burst = tbf_burst_bytes(mbit)
     return ["tbf", "rate", f"{max(1, round(mbit * 1000))}kbit", "burst", str(burst), "latency", f"{TBF_LATENCY_MS}ms"]
 
 

@@ -75,11 +75,16 @@ MACS_PER_ELEMENT_PASS = 16
 class Link(NamedTuple):
     """α (seconds per message) and β (seconds per byte) of the link between workers.
 
-    A named tuple, so both ``link.alpha`` and ``alpha, beta = link`` work.
+    ``burst_bytes``: a token-bucket shaper (``tc tbf``, a cloud NIC's rate limit) lets this
+    many bytes per rank through at line rate once the link has idled long enough to refill
+    the bucket. Steps idle the link during forward and early backward, so the model lets the
+    first ``burst_bytes`` each rank sends in a step cost no transfer time. Probes cannot see
+    it (they measure the sustained rate); it is 0 unless the shaper is known (the testbed's).
     """
 
     alpha: float
     beta: float
+    burst_bytes: float = 0.0
 
 
 def alpha_beta_from_bandwidth(bytes_per_second: float, latency_s: float) -> Link:
@@ -422,17 +427,34 @@ def _phase_seconds(
 
 
 def _link_rounds(spec: CompressorSpec, loads: Sequence[_BucketLoad], world_size: int, link: Link) -> list[tuple[float, ...]]:
-    """Link seconds of each bucket's rounds (one round, or PowerSGD's two)."""
-    rounds = []
+    """Link seconds of each bucket's rounds (one round, or PowerSGD's two).
+
+    A shaper's burst (``link.burst_bytes``) is spent on the step's first bytes, in the order
+    the buckets fire (round 2s come later, so they get what round 1s left).
+    """
+    burst = _Burst(link.burst_bytes)
+    firsts = []
     for b in loads:
-        first = all_reduce_s(b.round1_bytes, world_size, link) if b.round1_bytes > 0 else 0.0
+        first = burst.collective_s("all_reduce", b.round1_bytes, world_size, link) if b.round1_bytes > 0 else 0.0
         if b.gather_bytes > 0:
-            first += all_gather_s(b.gather_bytes, world_size, link)
-        if b.round2_bytes > 0:
-            rounds.append((first, all_reduce_s(b.round2_bytes, world_size, link)))
-        else:
-            rounds.append((first,))
-    return rounds
+            first += burst.collective_s("all_gather", b.gather_bytes, world_size, link)
+        firsts.append(first)
+    return [(first, burst.collective_s("all_reduce", b.round2_bytes, world_size, link)) if b.round2_bytes > 0 else (first,)
+            for first, b in zip(firsts, loads)]
+
+
+class _Burst:
+    """What is left of a shaper's burst in one step (see :class:`Link`)."""
+
+    def __init__(self, nbytes: float) -> None:
+        self.left = nbytes
+
+    def collective_s(self, kind: str, nbytes: float, world_size: int, link: Link) -> float:
+        latency, per_byte = ring_coefficients(kind, world_size)
+        sent = per_byte * nbytes  # bytes each rank puts on its link
+        free = min(self.left, sent)
+        self.left -= free
+        return latency * link.alpha + (sent - free) * link.beta
 
 
 def _simulate(

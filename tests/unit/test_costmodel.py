@@ -53,8 +53,8 @@ def all_specs():
 def test_alpha_beta_from_bandwidth():
     link = alpha_beta_from_bandwidth(1.25e9, 2e-5)
     assert link == Link(alpha=2e-5, beta=1 / 1.25e9)
-    alpha, beta = link
-    assert (alpha, beta) == (2e-5, 8e-10)
+    alpha, beta, burst = link
+    assert (alpha, beta, burst) == (2e-5, 8e-10, 0.0)  # no shaper burst unless one is known
     with pytest.raises(ValueError, match="^bytes_per_second"):
         alpha_beta_from_bandwidth(0, 1e-5)
     with pytest.raises(ValueError, match="^latency_s"):
@@ -101,6 +101,21 @@ def test_two_buckets_follow_the_link_recurrence():
     assert predict_step(make_spec("none"), prof, 2, link).step_s == pytest.approx(0.2 + t)
     slow = Link(alpha=0.0, beta=5e-6)  # 0.2 s per bucket: c_1 = 0.3, c_0 = max(0.2, 0.3) + 0.2
     assert predict_step(make_spec("none"), prof, 2, slow).step_s == pytest.approx(0.5)
+
+
+def test_a_shapers_burst_is_spent_on_the_steps_first_bytes():
+    """Bucket 1 (fires first) sends 40 kB: a 30 kB burst makes 30 kB of it free; the burst
+    is then spent, so bucket 0 pays in full."""
+    shapes = [(100, 100), (100, 100)]
+    prof = StepProfile.build(shapes, forward_s=0.0, backward_s=0.2, buckets=[[1], [0]])
+    plain = Link(alpha=0.0, beta=5e-6)  # 0.2 s per bucket: step 0.5 s (see above)
+    shaped = Link(alpha=0.0, beta=5e-6, burst_bytes=30_000)
+    p = predict_step(make_spec("none"), prof, 2, shaped)
+    # c_1 = 0.1 + 10 kB·β = 0.15, c_0 = max(0.2, 0.15) + 0.2 = 0.4
+    assert p.step_s == pytest.approx(0.4)
+    assert p.comm_s == pytest.approx(predict_step(make_spec("none"), prof, 2, plain).comm_s - 30_000 * 5e-6)
+    everything_free = Link(alpha=0.0, beta=5e-6, burst_bytes=1e9)
+    assert predict_step(make_spec("none"), prof, 2, everything_free).step_s == pytest.approx(0.2)
 
 
 def test_bytes_per_step_equals_wire_bytes():
