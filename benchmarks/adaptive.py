@@ -134,7 +134,7 @@ def train_config(args: argparse.Namespace, compression: dict[str, Any], steps: i
     """The job every run shares; only ``compression`` (and ``extra``) differ."""
     return TrainConfig(
         name="adaptive-bench", model=args.model, dataset="synthetic", batch_size=args.batch_size,
-        image_size=args.image_size, steps=steps, lr=args.lr, workers=2, compression=compression,
+        image_size=args.image_size, seq_len=args.seq_len, steps=steps, lr=args.lr, workers=2, compression=compression,
         bucket_cap_mb=args.bucket_cap_mb,
         report_interval_s=args.report_interval_s, probe_interval_s=args.probe_interval_s,
         sync_every=args.sync_every, seed=args.seed, **extra,
@@ -578,7 +578,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[JobRun]]) -> tuple[dic
     total, best = oracle(results)
     doc["oracle_total_s"] = round(total, 3)
     doc["oracle_choices"] = best
-    doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr,
+    doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "seq_len": args.seq_len, "lr": args.lr,
                   "bucket_cap_mb": args.bucket_cap_mb, "workers": 2, "probe_interval_s": args.probe_interval_s,
                   "sync_every": args.sync_every, "report_interval_s": args.report_interval_s, "repeats": args.repeats,
                   ADAPTIVE: compression_of(ADAPTIVE, args), ADAPTIVE_DEFAULTS: compression_of(ADAPTIVE_DEFAULTS, args)}
@@ -596,6 +596,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=64, help="sequence length (BERT models)")
     parser.add_argument("--bucket-cap-mb", type=float, default=0.25,
                         help="DDP bucket cap; small, so the CNN's buckets overlap backward")
     parser.add_argument("--lr", type=float, default=0.02)

@@ -254,6 +254,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=64, help="sequence length (BERT models)")
     parser.add_argument("--bucket-cap-mb", type=float, default=0.25)
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--seed", type=int, default=0)
