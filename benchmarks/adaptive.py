@@ -136,7 +136,7 @@ def train_config(args: argparse.Namespace, compression: dict[str, Any], steps: i
         name="adaptive-bench", model=args.model, dataset="synthetic", batch_size=args.batch_size,
         image_size=args.image_size, seq_len=args.seq_len, steps=steps, lr=args.lr, workers=2, compression=compression,
         bucket_cap_mb=args.bucket_cap_mb,
-        report_interval_s=args.report_interval_s, probe_interval_s=args.probe_interval_s,
+        report_interval_s=args.report_interval_s, probe_interval_s=args.probe_interval_s, probe_budget=args.probe_budget,
         sync_every=args.sync_every, seed=args.seed, **extra,
     )
 
@@ -580,6 +580,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[JobRun]]) -> tuple[dic
     doc["oracle_choices"] = best
     doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "seq_len": args.seq_len, "lr": args.lr,
                   "bucket_cap_mb": args.bucket_cap_mb, "workers": 2, "probe_interval_s": args.probe_interval_s,
+                  "probe_budget": args.probe_budget,
                   "sync_every": args.sync_every, "report_interval_s": args.report_interval_s, "repeats": args.repeats,
                   ADAPTIVE: compression_of(ADAPTIVE, args), ADAPTIVE_DEFAULTS: compression_of(ADAPTIVE_DEFAULTS, args)}
     doc["verdict"] = verdict(doc)
@@ -606,6 +607,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="telemetry cadence (the policy decides on each report); rates change on reports")
     parser.add_argument("--probe-interval-s", type=float, default=2.0,
                         help="probes come at most this often, and within the 2 %% budget")
+    parser.add_argument("--probe-budget", type=float, default=0.05,
+                        help="share of run time probes may take; scaled up like the dwell, as phases here "
+                             "last seconds, not minutes (the job default is 0.02)")
     parser.add_argument("--start", default="none", help="the adaptive run's first compressor")
     parser.add_argument("--allowed", nargs="+", default=None, help="compressors the policy may pick (default all)")
     parser.add_argument("--min-rank", type=int, default=16, help="adaptive's quality bound (the CNN keeps its "

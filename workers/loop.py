@@ -324,7 +324,7 @@ class _Reporter:
         self.total_steps = total_steps
         self.estimate = LinkEstimate.no_link()
         self.passive = PassiveBandwidth(min_of_last=PASSIVE_MIN_OF_LAST)
-        self.scheduler = ProbeScheduler(probe_interval_s=cfg.probe_interval_s)
+        self.scheduler = ProbeScheduler(probe_interval_s=cfg.probe_interval_s, max_cost_fraction=cfg.probe_budget)
         self.started = time.monotonic()
         self.next_report = 0.0
         self.profile_sent = False

@@ -121,6 +121,8 @@ class JobFields(_Strict):
     checkpoint_every: int = Field(default=0, ge=0, le=10_000_000)
     max_failures: int = Field(default=0, ge=-1, le=1000)
     probe_interval_s: float = Field(default=60.0, gt=0, le=86_400)
+    #: Most of the run time the link probes may take (they pause training on every rank).
+    probe_budget: float = Field(default=0.02, gt=0, lt=1)
     report_interval_s: float = Field(default=2.0, gt=0, le=3600)
     sync_every: int = Field(default=5, ge=1, le=100_000)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)

@@ -259,3 +259,12 @@ def test_passive_averages_time_per_byte_not_bandwidth() -> None:
 def test_passive_validates_smoothing() -> None:
     with pytest.raises(ValueError, match="smoothing"):
         PassiveBandwidth(smoothing=0.0)
+
+
+@pytest.mark.parametrize("budget", [0.0, 1.0, -0.1])
+def test_a_jobs_probe_budget_must_be_a_fraction(budget: float) -> None:
+    from workers.protocol import TrainConfig
+
+    with pytest.raises(ValueError, match="probe_budget"):
+        TrainConfig(probe_budget=budget)
+    assert TrainConfig().probe_budget == 0.02
