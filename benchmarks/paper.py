@@ -963,6 +963,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="fusion sweep, pipelining off, rank sweep (full run default: on)")
     parser.add_argument("--grid", action=argparse.BooleanOptionalAction, default=None,
                         help="the bandwidth grid (full run default: on)")
+    parser.add_argument("--grid-models", nargs="+", choices=list(WORKLOADS),
+                        help="models that get the bandwidth grid (default: every model of --models)")
     parser.add_argument("--cell-budget-s", type=float, default=90.0,
                         help="predicted seconds above which a cell uses a shorter protocol (full run)")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "gradwire-paper-cache",
@@ -1066,7 +1068,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
                 measure(Cell(model, method, 2, regimes[model]["b"], tag="regime-b"), results)
         # 4. The bandwidth grid (and 4 workers for ResNet-50).
         if grid:
-            for model in models:
+            for model in [m for m in models if not args.grid_models or m in args.grid_models]:
                 for mbit in args.mbits or GRID_MBITS[model]:
                     for method in METHODS:
                         measure(Cell(model, method, 2, float(mbit)), results)
