@@ -51,7 +51,10 @@ FP32_BYTES = 4
 #: Probes during training size their large message to this much transfer time at the
 #: estimated rate (see :func:`sized_probe`), within these bounds.
 PROBE_TRANSFER_S = 0.02
-MIN_LARGE_PROBE_BYTES = 64 * 1024
+#: At least this much even on a slow link: after the link speeds up tenfold, a probe sized for
+#: the old rate would otherwise fit in a shaper's burst and report the line rate (seen: 60
+#: Gbit/s on a 500 Mbit/s tbf link whose bucket holds 250 kB).
+MIN_LARGE_PROBE_BYTES = 256 * 1024
 MAX_LARGE_PROBE_BYTES = DEFAULT_SIZES[1]
 #: A sized probe whose first large message takes this many times its target stops there.
 PROBE_STOP_FACTOR = 4.0
@@ -63,7 +66,8 @@ def sized_probe(bytes_per_second: float | None) -> tuple[int, int]:
     Why: a fixed 4 MiB probe takes ~34 ms at 1 Gbit/s but ~0.7 s at 50 Mbit/s, so on a slow
     link the probe budget allows one only every minute or two, and a job that compresses
     (its payloads too small to time) stays blind to the link recovering. Sized to ~20 ms of
-    transfer, a probe costs about the same (~70 ms) at any rate. Not less than ~20 ms: a
+    transfer (and at least :data:`MIN_LARGE_PROBE_BYTES`), a probe costs about the same
+    (~70-130 ms) at any rate from 50 Mbit/s up. Not less than ~20 ms: a
     shaper lets a burst through at line rate (the testbed's tbf a 4 ms bucket, cloud NICs
     theirs), and a probe that fits in the burst measures the line, not the rate. If the
     estimate is stale (a compressing job cannot time its small payloads) the next probe is

@@ -183,11 +183,11 @@ def test_a_probe_expected_to_cost_more_waits_for_more_budget() -> None:
 def test_probes_are_sized_to_about_twenty_ms_of_transfer_within_bounds() -> None:
     from workers.probe import DEFAULT_SIZES, MAX_LARGE_PROBE_BYTES, MIN_LARGE_PROBE_BYTES, PROBE_TRANSFER_S, sized_probe
 
-    fifty_mbit = 50e6 / 8
-    small, large = sized_probe(fifty_mbit)
-    assert small == DEFAULT_SIZES[0] and large == int(fifty_mbit * PROBE_TRANSFER_S)  # 125 kB, not 4 MiB
+    gigabit = 1e9 / 8
+    small, large = sized_probe(gigabit)
+    assert small == DEFAULT_SIZES[0] and large == int(gigabit * PROBE_TRANSFER_S)  # 2.5 MB, not 4 MiB
     assert sized_probe(100e9 / 8)[1] == MAX_LARGE_PROBE_BYTES  # bounded above
-    assert sized_probe(1e6 / 8)[1] == MIN_LARGE_PROBE_BYTES  # never too small to see bandwidth
+    assert sized_probe(50e6 / 8)[1] == MIN_LARGE_PROBE_BYTES  # never small enough to fit in a burst
     assert sized_probe(None)[1] == sized_probe(math.inf)[1] == MAX_LARGE_PROBE_BYTES
 
 
