@@ -231,7 +231,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
                     switches.append({"step": step, "at_s": round(time.monotonic() - run_started, 3), "to": spec.label,
                                      "version": decision.version, "reason": decision.reason})
             if probe_bytes and env.world_size > 1:
-                reporter.link(probe_link(sync.process_group, sizes=(DEFAULT_SIZES[0], probe_bytes), warmup=False,
+                reporter.link(probe_link(sync.process_group, sizes=(DEFAULT_SIZES[0], probe_bytes),
                                          stop_after_s=PROBE_STOP_FACTOR * PROBE_TRANSFER_S))
         # 3. one step, every phase timed
         with timer.phase("data"):

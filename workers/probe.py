@@ -52,8 +52,7 @@ FP32_BYTES = 4
 #: estimated rate (see :func:`sized_probe`), within these bounds.
 PROBE_TRANSFER_S = 0.02
 #: At least this much even on a slow link: after the link speeds up tenfold, a probe sized for
-#: the old rate would otherwise fit in a shaper's burst and report the line rate (seen: 60
-#: Gbit/s on a 500 Mbit/s tbf link whose bucket holds 250 kB).
+#: the old rate must still take long enough to measure the new one (~4 ms at 500 Mbit/s).
 MIN_LARGE_PROBE_BYTES = 256 * 1024
 MAX_LARGE_PROBE_BYTES = DEFAULT_SIZES[1]
 #: A sized probe whose first large message takes this many times its target stops there.
@@ -190,14 +189,15 @@ def probe_link(
     """Measure α and β of ``process_group``'s all-reduce; every rank must call it.
 
     1. World size 1 (or no initialised process group): return :meth:`LinkEstimate.no_link`.
-    2. One untimed all-reduce per size: connections, buffers and caches warm up (skip it
-       with ``warmup=False`` during training, where the connections are warm and the median
-       of the repeats discards a slow first one).
+    2. One warm-up all-reduce per size: connections, buffers and caches warm up, and the
+       large one drains a token-bucket shaper's burst (else a probe that fits in the burst
+       reports the line rate). ``warmup=False`` skips it (for tests).
     3. ``repeats`` rounds over the sizes; before each timing a barrier lines the ranks up,
        and on CUDA a synchronise makes the clock stop when the data has arrived. With
-       ``stop_after_s``, a first round whose large message took longer (on any rank: the
-       ranks agree by an all-reduce of their times) is the only one: the link is much slower
-       than the probe was sized for, and one long transfer measures it well enough.
+       ``stop_after_s``, if the large warm-up (or, without warm-up, the first round's large
+       message) took longer on any rank (the ranks agree by an all-reduce of their times),
+       that long transfer is the measurement and no more rounds follow: the link is much
+       slower than the probe was sized for.
     4. Each rank fits (α, β) to the median time of every size; rank 0's fit, time stamp
        and cost are broadcast so all ranks return the same estimate.
 
@@ -216,19 +216,24 @@ def probe_link(
     started = time.perf_counter()
     tensors = _probe_tensors(sizes, dev)
     nbytes = [t.numel() * t.element_size() for t in tensors]
-    if warmup:
-        for tensor in tensors:
-            dist.all_reduce(tensor, group=process_group)
-        _synchronize(dev)
     times: list[list[float]] = [[] for _ in tensors]
-    for round_ in range(repeats):
+    rounds = repeats
+    if warmup:
+        for tensor in tensors[:-1]:
+            dist.all_reduce(tensor, group=process_group)
+        # The large warm-up also drains a shaper's burst, so the timed rounds see the rate.
+        drain_s = _timed_all_reduce(tensors[-1], process_group, dev)
+        if stop_after_s is not None and _slowest(drain_s, process_group, dev) > stop_after_s:
+            # Much slower than sized for: this long transfer is measurement enough.
+            times[-1].append(_slowest(drain_s, process_group, dev))
+            for i, tensor in enumerate(tensors[:-1]):
+                times[i].append(_timed_all_reduce(tensor, process_group, dev))
+            rounds = 0
+    for round_ in range(rounds):
         for i, tensor in enumerate(tensors):
             times[i].append(_timed_all_reduce(tensor, process_group, dev))
-        if stop_after_s is not None and round_ == 0 and repeats > 1:
-            slowest = torch.tensor([times[-1][0]], dtype=torch.float64, device=dev)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=process_group)
-            if float(slowest) > stop_after_s:
-                break
+        if stop_after_s is not None and round_ == 0 and not warmup and _slowest(times[-1][0], process_group, dev) > stop_after_s:
+            break
     alpha, beta = fit_alpha_beta(nbytes, [statistics.median(ts) for ts in times], world_size)
     cost = time.perf_counter() - started
     agreed = torch.tensor([alpha, beta, time.time(), cost], dtype=torch.float64, device=dev)
@@ -236,6 +241,16 @@ def probe_link(
     dist.broadcast(agreed, src=src, group=process_group)
     alpha, beta, measured_at, cost = agreed.tolist()
     return LinkEstimate.from_fit(alpha, beta, world_size, measured_at=measured_at, cost_s=cost, probe_bytes=max(nbytes))
+
+
+def _slowest(seconds: float, process_group: "dist.ProcessGroup | None", device: "torch.device") -> float:
+    """The largest of every rank's ``seconds`` (a collective: all ranks then decide alike)."""
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=process_group)
+    return float(value)
 
 
 def _probe_device(process_group: "dist.ProcessGroup | None", device: "torch.device | str | None") -> "torch.device":

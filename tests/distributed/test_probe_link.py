@@ -50,14 +50,16 @@ def test_ranks_agree_on_one_estimate_over_loopback() -> None:
     assert est.probe_bytes == 4 * 1024 * 1024  # the default large message
 
 
-def _short_probe_rank(rank: int, world_size: int) -> dict:
-    # stop_after_s=0: every first round is "too slow", so both ranks must stop after it together
-    # (a rank that went on alone would hang in its next collective and time the test out).
-    return probe_link(sizes=(4096, 256 * 1024), warmup=False, stop_after_s=0.0).to_dict()
+def _short_probe_rank(rank: int, world_size: int, warmup: bool) -> dict:
+    # stop_after_s=0: the first large transfer (the warm-up, or without one the first round's)
+    # is always "too slow", so both ranks must stop after it together (a rank that went on
+    # alone would hang in its next collective and time the test out).
+    return probe_link(sizes=(4096, 256 * 1024), warmup=warmup, stop_after_s=0.0).to_dict()
 
 
-def test_a_probe_cut_short_is_cut_short_on_every_rank_alike() -> None:
-    first, second = run_ranks(_short_probe_rank, 2, timeout=120)
+@pytest.mark.parametrize("warmup", [True, False])
+def test_a_probe_cut_short_is_cut_short_on_every_rank_alike(warmup: bool) -> None:
+    first, second = run_ranks(_short_probe_rank, 2, warmup, timeout=120)
     assert first == second
     est = LinkEstimate(**first)
     assert est.probe_bytes == 256 * 1024 and 0 < est.bandwidth_bytes_per_second < math.inf
