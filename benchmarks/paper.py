@@ -965,6 +965,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the bandwidth grid (full run default: on)")
     parser.add_argument("--grid-models", nargs="+", choices=list(WORKLOADS),
                         help="models that get the bandwidth grid (default: every model of --models)")
+    parser.add_argument("--ablation-models", nargs="+", choices=["resnet50", "bert-base"],
+                        help="models that get the ablations (default: ResNet-50 and BERT-Base, if in --models)")
     parser.add_argument("--cell-budget-s", type=float, default=90.0,
                         help="predicted seconds above which a cell uses a shorter protocol (full run)")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "gradwire-paper-cache",
@@ -1079,7 +1081,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
         #    at (a), where S-SGD is affordable); a shorter protocol: they show trends.
         if ablations:
             ablate = None if quick else ABLATION_PROTOCOL
-            for model in accept_models:
+            for model in [m for m in accept_models if not args.ablation_models or m in args.ablation_models]:
                 mbit = regimes[model]["b"]
                 for cap in FUSION_CAPS_MB:
                     for method in ("powersgd", "acpsgd"):
