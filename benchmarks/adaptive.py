@@ -35,7 +35,7 @@ this shared machine only ever add time; every run records the cores they kept bu
 ranks; every run sees the same batches); ``eval_loss``, the final model's loss on the 1024
 held-out samples, is the steadier figure to compare quality by.
 
-    python benchmarks/adaptive.py --quick --json-out benchmarks/results/adaptive_quick.json
+    python benchmarks/adaptive.py --json-out benchmarks/results/adaptive.json   # --quick: ~5 minutes
 
 Needs root (network namespaces); every timed run holds ``/tmp/gradwire-bench.lock``.
 """
