@@ -346,7 +346,7 @@ class _Reporter:
         """Rank 0: the large probe message's size if a probe is due now, else 0.
 
         The probe is sized to the current estimate (:func:`workers.probe.sized_probe`), so it
-        costs about the same at any rate and fits the 2 % budget every few seconds.
+        costs about the same at any rate and fits the probe budget every few seconds.
         """
         if self.env.rank != 0 or self.env.world_size == 1:
             return 0
@@ -358,7 +358,7 @@ class _Reporter:
     def _next_probe_cost(self, large_bytes: int) -> float:
         """The last probe's cost, scaled by the bytes the next one moves and by how much the
         link has slowed since (a probe of the same size takes ~20x as long at 50 Mbit/s as at
-        1 Gbit/s; budgeting it at the last fast probe's cost broke the 2 % budget)."""
+        1 Gbit/s; budgeting it at the last fast probe's cost broke the budget)."""
         cost = self.scheduler.last_cost_s
         if self.estimate.probe_bytes:
             cost *= large_bytes / self.estimate.probe_bytes
