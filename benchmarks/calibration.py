@@ -30,7 +30,6 @@ Needs root (network namespaces); every timed run holds ``/tmp/gradwire-bench.loc
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -52,6 +51,7 @@ from benchmarks.adaptive import (  # noqa: E402
     run_job,
     train_config,
     wait_for_quiet,
+    write_results,
 )
 from benchmarks.testbed import Testbed, measure_allreduce, tbf_burst_bytes  # noqa: E402
 from compressors.costmodel import alpha_beta_from_bandwidth, predict_step  # noqa: E402
@@ -267,6 +267,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.probe_interval_s = 86_400.0  # one probe at start only: no probe inside a measured phase
     args.report_interval_s = 1e-3  # a report every step: each phase's window ends on its last step
+    args.probe_budget = 0.02  # the job default (with one probe only, it never binds)
     if args.steps_per_rate < 60:
         parser.error("--steps-per-rate: must be >= 60")
     return args
@@ -282,16 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, links = run_all(args)
     table = markdown(rows, args.rates)
     print(table)
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        doc = {"rates_mbit": args.rates, "links": {f"{k:g}": v for k, v in links.items()}, "target": TARGET,
-               "job": {"model": args.model, "batch_size": args.batch_size, "bucket_cap_mb": args.bucket_cap_mb,
-                       "lr": args.lr, "steps_per_rate": args.steps_per_rate, "warmup_steps": args.warmup_steps,
-                       "workers": 2},
-               "rows": rows}
-        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
-        (args.md_out or args.json_out.with_suffix(".md")).write_text(table)
-    plot_path = args.plot or (args.json_out.with_suffix(".png") if args.json_out else None)
+    doc = {"rates_mbit": args.rates, "links": {f"{k:g}": v for k, v in links.items()}, "target": TARGET,
+           "job": {"model": args.model, "batch_size": args.batch_size, "bucket_cap_mb": args.bucket_cap_mb,
+                   "lr": args.lr, "steps_per_rate": args.steps_per_rate, "warmup_steps": args.warmup_steps,
+                   "workers": 2},
+           "rows": rows}
+    plot_path = write_results(args, doc, table)
     if plot_path:
         plot(rows, plot_path)
     print(f"[calibration] done in {time.monotonic() - started:.0f} s")

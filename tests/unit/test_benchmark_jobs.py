@@ -1,0 +1,27 @@
+"""The benchmarks' command lines build valid jobs (no run): a flag missing from one benchmark
+that shares another's job builder fails here, not after minutes of measuring."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import adaptive, calibration  # noqa: E402
+
+
+def test_the_calibration_defaults_build_a_job_that_probes_once() -> None:
+    args = calibration.parse_args([])
+    cfg = adaptive.train_config(args, calibration.pinned_compression("acpsgd-r4")[0], steps=10)
+    assert cfg.probe_interval_s == 86_400.0 and cfg.probe_budget == 0.02
+    assert cfg.compression.compressor == "acpsgd" and cfg.compression.rank == 4
+
+
+def test_the_adaptive_defaults_build_a_job_with_the_scaled_policy_settings() -> None:
+    args = adaptive.parse_args([])
+    cfg = adaptive.train_config(args, adaptive.compression_of(adaptive.ADAPTIVE, args), steps=10)
+    assert cfg.probe_budget == 0.05 and cfg.probe_interval_s == 2.0
+    assert (cfg.compression.min_dwell_s, cfg.compression.min_rank, cfg.compression.max_rank) == (2.0, 16, 16)
