@@ -659,6 +659,16 @@ def rank_entry(argv: Sequence[str]) -> int:
     return 0
 
 
+def write_results(args: argparse.Namespace, doc: dict[str, Any], table: str) -> Path | None:
+    """Write ``--json-out`` and the markdown table (``--md-out``, default beside the JSON);
+    return where the plot goes (``--plot``, default beside the JSON; None: no plot)."""
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
+        (args.md_out or args.json_out.with_suffix(".md")).write_text(table)
+    return args.plot or (args.json_out.with_suffix(".png") if args.json_out else None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["_rank"]:
@@ -673,11 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown(doc, best)
     print(table)
     print(json.dumps(doc["verdict"], indent=2))
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
-        (args.md_out or args.json_out.with_suffix(".md")).write_text(table)
-    plot_path = args.plot or (args.json_out.with_suffix(".png") if args.json_out else None)
+    plot_path = write_results(args, doc, table)
     if plot_path:
         plot(typical, parse_schedule(args.schedule), plot_path)
     print(f"[adaptive] done in {time.monotonic() - started:.0f} s")

@@ -450,11 +450,12 @@ class _Burst:
         self.left = nbytes
 
     def collective_s(self, kind: str, nbytes: float, world_size: int, link: Link) -> float:
-        latency, per_byte = ring_coefficients(kind, world_size)
-        sent = per_byte * nbytes  # bytes each rank puts on its link
-        free = min(self.left, sent)
+        """The collective's ring time less the transfer time of the burst it uses up."""
+        _, per_byte = ring_coefficients(kind, world_size)
+        free = min(self.left, per_byte * nbytes)  # of the bytes each rank puts on its link
         self.left -= free
-        return latency * link.alpha + (sent - free) * link.beta
+        ring_s = all_reduce_s if kind == "all_reduce" else all_gather_s
+        return ring_s(nbytes, world_size, link) - free * link.beta
 
 
 def _simulate(

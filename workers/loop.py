@@ -353,16 +353,15 @@ class _Reporter:
         elapsed = time.monotonic() - self.started
         current, _ = self.bandwidth()
         large = sized_probe(current)[1]
-        return large if self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost(large)) else 0
+        return large if self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost(large, current)) else 0
 
-    def _next_probe_cost(self, large_bytes: int) -> float:
+    def _next_probe_cost(self, large_bytes: int, current: float | None) -> float:
         """The last probe's cost, scaled by the bytes the next one moves and by how much the
         link has slowed since (a probe of the same size takes ~20x as long at 50 Mbit/s as at
         1 Gbit/s; budgeting it at the last fast probe's cost broke the budget)."""
         cost = self.scheduler.last_cost_s
         if self.estimate.probe_bytes:
             cost *= large_bytes / self.estimate.probe_bytes
-        current, _ = self.bandwidth()
         probed = self.estimate.bandwidth_bytes_per_second
         if current and math.isfinite(probed) and current < probed:
             cost *= probed / current

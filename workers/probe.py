@@ -55,7 +55,7 @@ PROBE_TRANSFER_S = 0.02
 #: the old rate must still take long enough to measure the new one (~4 ms at 500 Mbit/s).
 MIN_LARGE_PROBE_BYTES = 256 * 1024
 MAX_LARGE_PROBE_BYTES = DEFAULT_SIZES[1]
-#: A sized probe whose first large message takes this many times its target stops there.
+#: A sized probe whose large warm-up takes this many times its target stops there.
 PROBE_STOP_FACTOR = 4.0
 
 
@@ -66,13 +66,11 @@ def sized_probe(bytes_per_second: float | None) -> tuple[int, int]:
     link the probe budget allows one only every minute or two, and a job that compresses
     (its payloads too small to time) stays blind to the link recovering. Sized to ~20 ms of
     transfer (and at least :data:`MIN_LARGE_PROBE_BYTES`), a probe costs about the same
-    (~70-130 ms) at any rate from 50 Mbit/s up. Not less than ~20 ms: a
-    shaper lets a burst through at line rate (the testbed's tbf a 4 ms bucket, cloud NICs
-    theirs), and a probe that fits in the burst measures the line, not the rate. If the
-    estimate is stale (a compressing job cannot time its small payloads) the next probe is
-    mis-sized; when its first large message takes over ``PROBE_STOP_FACTOR`` times the
-    target, the probe stops after that one round (``stop_after_s`` of :func:`probe_link`),
-    and its result sizes the following one right.
+    (~70-130 ms) at any rate from 50 Mbit/s up, and ~20 ms is still long against α and
+    timer noise. If the estimate is stale (a compressing job cannot time its small payloads)
+    the next probe is mis-sized; when its large warm-up takes over ``PROBE_STOP_FACTOR``
+    times the target, the probe stops there (``stop_after_s`` of :func:`probe_link`), and
+    its result sizes the following one right.
     """
     if bytes_per_second is None or not math.isfinite(bytes_per_second) or bytes_per_second <= 0:
         return DEFAULT_SIZES[0], MAX_LARGE_PROBE_BYTES
@@ -223,9 +221,10 @@ def probe_link(
             dist.all_reduce(tensor, group=process_group)
         # The large warm-up also drains a shaper's burst, so the timed rounds see the rate.
         drain_s = _timed_all_reduce(tensors[-1], process_group, dev)
-        if stop_after_s is not None and _slowest(drain_s, process_group, dev) > stop_after_s:
+        slowest = _slowest(drain_s, process_group, dev) if stop_after_s is not None else 0.0
+        if stop_after_s is not None and slowest > stop_after_s:
             # Much slower than sized for: this long transfer is measurement enough.
-            times[-1].append(_slowest(drain_s, process_group, dev))
+            times[-1].append(slowest)
             for i, tensor in enumerate(tensors[:-1]):
                 times[i].append(_timed_all_reduce(tensor, process_group, dev))
             rounds = 0
