@@ -17,8 +17,12 @@ first ~50 steps run slower), and compares, for every (compressor, rate):
   loop calibrates codecs as it does for the policy while the compressor stays fixed), and
   the link as a gloo all-reduce on the testbed measures it at that rate, plus the testbed
   shaper's known burst (``Link.burst_bytes``: each step's first ~64 kB pass at line rate
-  after the link idled through forward). ``error_no_burst`` in the JSON is the same model
-  without it, i.e. what the policy predicts (probes cannot see a burst).
+  after the link idled through forward), with the cost model's host terms measured as the
+  worker measures them: the straggler wait from this phase's compute jitter (the report's
+  ``compute_jitter_seconds``) and the link's wake-up cost (``wake_s``, the probe's
+  late-joined small all-reduce, here 40 rounds). ``error_no_burst`` in the JSON is the same
+  model without the burst, i.e. what the policy predicts (probes cannot see a burst);
+  ``error_alpha_beta_only`` is the model without the host terms (the previous model).
 
 The error is ``predicted / measured - 1``; the target is within 25 %.
 
@@ -33,6 +37,7 @@ import argparse
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -62,6 +67,8 @@ from workers.protocol import ModelProfile  # noqa: E402
 DEFAULT_RATES = (1000.0, 200.0, 50.0)
 TARGET = 0.25
 LINK_PROBE_BYTES = 4 << 20
+#: More wake-up rounds than a training probe's 8: the mean of a heavy tail needs them.
+WAKE_ROUNDS = 40
 
 
 # --------------------------------------------------------------------------- measuring
@@ -72,16 +79,18 @@ def measure_links(tb: Testbed, rates: Sequence[float]) -> dict[float, dict[str, 
     links = {}
     for mbit in rates:
         tb.set_rate(mbit)
-        small = measure_allreduce(tb, nbytes=4096, iters=9)
+        small = measure_allreduce(tb, nbytes=4096, iters=9, wake_rounds=WAKE_ROUNDS)
         large = measure_allreduce(tb, nbytes=LINK_PROBE_BYTES, iters=3)
         # Ring all-reduce of b bytes on 2 workers: t = 2α + b·β (acp-sgd.md, "Time model").
         # The fastest of the repeats: a late wake-up of either process only ever adds time.
         latency, large_s = min(small.seconds), min(large.seconds)
         links[mbit] = {"bandwidth_bytes_per_second": LINK_PROBE_BYTES / max(1e-9, large_s - latency),
                        "latency_s": latency, "mbit_seen": 2 * (2 - 1) / 2 * LINK_PROBE_BYTES * 8 / large_s / 1e6,
-                       "burst_bytes": tbf_burst_bytes(mbit)}
+                       "burst_bytes": tbf_burst_bytes(mbit),
+                       # What the probe reports as wake_s: the late-joined collective beyond the model's.
+                       "wake_s": max(0.0, (small.wake_up_s or 0.0) - latency)}
         print(f"[calibration] link at {mbit:g} Mbit/s: gloo sees {links[mbit]['mbit_seen']:.0f} Mbit/s, "
-              f"latency {latency * 1e3:.2f} ms", flush=True)
+              f"latency {latency * 1e3:.2f} ms, wake-up {links[mbit]['wake_s'] * 1e3:.2f} ms", flush=True)
     return links
 
 
@@ -96,9 +105,9 @@ def report_at(run: JobRun, step: int) -> dict[str, Any]:
     return next((r for r in run.reports if r["step"] >= step), run.reports[-1])
 
 
-def phase_means(run: JobRun, phases: Sequence[Phase]) -> list[dict[str, float]]:
-    """The timer's phase means over the last 50 steps of each phase (its window)."""
-    return [report_at(run, end)["phase_seconds"] for end in boundaries(phases)]
+def phase_reports(run: JobRun, phases: Sequence[Phase]) -> list[dict[str, Any]]:
+    """Rank 0's report at the end of each phase: the timer's means over its last 50 steps."""
+    return [report_at(run, end) for end in boundaries(phases)]
 
 
 def wall_step_s(run: JobRun, phases: Sequence[Phase], skip: int = 10) -> list[float]:
@@ -128,18 +137,23 @@ def predict(label: str, run: JobRun, phases: Sequence[Phase], links: dict[float,
     name, params = parse_label(label)
     spec = make_spec(name, **params)
     rows = []
-    measured_phases = zip(phases[1:], phase_means(run, phases)[1:], wall_step_s(run, phases)[1:])
-    for phase, means, wall in measured_phases:
+    measured_phases = zip(phases[1:], phase_reports(run, phases)[1:], wall_step_s(run, phases)[1:])
+    for phase, report, wall in measured_phases:
+        means = report["phase_seconds"]
         profile = profile_of(run).model_copy(update={
             "forward_s": means["forward"],
             "backward_s": max(0.0, means["backward"] - means["exposed_comm"]),
             "optimizer_s": means["optimizer"],
         })
-        model = step_profile(profile, (spec,))
+        bare = step_profile(profile, (spec,))
+        model = replace(bare, compute_jitter_s=report.get("compute_jitter_seconds") or 0.0)
         link = links[phase.mbit]
         alpha_beta = alpha_beta_from_bandwidth(link["bandwidth_bytes_per_second"], link["latency_s"] / 2)  # 2α on 2 workers
-        predicted = predict_step(spec, model, 2, alpha_beta._replace(burst_bytes=link["burst_bytes"]))
-        unshaped = predict_step(spec, model, 2, alpha_beta)
+        woken = alpha_beta._replace(wake_s=link["wake_s"])
+        predicted = predict_step(spec, model, 2, woken._replace(burst_bytes=link["burst_bytes"]))
+        unshaped = predict_step(spec, model, 2, woken)
+        # The α-β model alone (no straggler wait, no wake-up), for comparison.
+        alpha_beta_only = predict_step(spec, bare, 2, alpha_beta._replace(burst_bytes=link["burst_bytes"]))
         measured = means["forward"] + means["backward"] + means["optimizer"]
         rows.append({
             "compressor": label, "mbit": phase.mbit,
@@ -149,6 +163,9 @@ def predict(label: str, run: JobRun, phases: Sequence[Phase], links: dict[float,
             # cannot see a burst), for comparison.
             "predicted_no_burst_s": round(unshaped.step_s, 5),
             "error_no_burst": round(unshaped.step_s / measured - 1, 4),
+            "predicted_alpha_beta_only_s": round(alpha_beta_only.step_s, 5),
+            "error_alpha_beta_only": round(alpha_beta_only.step_s / measured - 1, 4),
+            "compute_jitter_s": round(model.compute_jitter_s, 6),
             "measured_wall_step_s": round(wall, 5),
             "measured_exposed_comm_s": round(means["exposed_comm"], 5),
             "predicted_exposed_comm_s": round(predicted.exposed_comm_s, 5),

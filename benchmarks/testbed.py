@@ -523,6 +523,9 @@ class AllReduceMeasurement:
     world_size: int
     seconds: list[float]
     mbit_set: float
+    #: Mean time of the same all-reduce joined late by one rank after computing
+    #: (``workers.probe.wake_up_seconds``); None unless ``wake_rounds`` were asked for.
+    wake_up_s: float | None = None
 
     @property
     def median_s(self) -> float:
@@ -546,18 +549,21 @@ def measure_allreduce(
     *,
     port: int = 29500,
     timeout_s: float = 90.0,
+    wake_rounds: int = 0,
 ) -> AllReduceMeasurement:
-    """Run one torch process per host, all-reduce ``nbytes`` ``iters`` times, time it."""
+    """Run one torch process per host, all-reduce ``nbytes`` ``iters`` times, time it; then
+    ``wake_rounds`` times as a training step meets it (the probe's wake-up rounds)."""
     init = f"tcp://{tb.address(0)}:{port}"
     procs = []
     for i in range(tb.hosts):
         argv = [sys.executable, "-u", str(Path(__file__).resolve()), "_allreduce-worker",
                 "--rank", str(i), "--world", str(tb.hosts), "--init", init,
-                "--nbytes", str(nbytes), "--iters", str(iters)]
+                "--nbytes", str(nbytes), "--iters", str(iters), "--wake-rounds", str(wake_rounds)]
         procs.append(tb.run(i, argv, env=worker_env(tb, i), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outputs = _collect(procs, timeout_s)
-    seconds = json.loads(outputs[0].strip().splitlines()[-1])["seconds"]
-    return AllReduceMeasurement(nbytes=nbytes, world_size=tb.hosts, seconds=seconds, mbit_set=tb.mbit)
+    result = json.loads(outputs[0].strip().splitlines()[-1])
+    return AllReduceMeasurement(nbytes=nbytes, world_size=tb.hosts, seconds=result["seconds"], mbit_set=tb.mbit,
+                                wake_up_s=result.get("wake_up_s"))
 
 
 def _collect(procs: Sequence[subprocess.Popen], timeout_s: float) -> list[str]:
@@ -597,8 +603,14 @@ def _allreduce_worker(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         dist.all_reduce(tensor)
         seconds.append(time.perf_counter() - start)
+    wake = None
+    if args.wake_rounds:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, for workers.probe
+        from workers.probe import wake_up_seconds
+
+        wake = wake_up_seconds(tensor, None, torch.device("cpu"), args.wake_rounds)
     dist.destroy_process_group()
-    print(json.dumps({"rank": args.rank, "seconds": seconds}))
+    print(json.dumps({"rank": args.rank, "seconds": seconds, "wake_up_s": wake}))
 
 
 # --------------------------------------------------------------------------- CLI
@@ -632,6 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     worker.add_argument("--init", required=True)
     worker.add_argument("--nbytes", type=int, required=True)
     worker.add_argument("--iters", type=int, required=True)
+    worker.add_argument("--wake-rounds", type=int, default=0)
     args = parser.parse_args(argv)
     if args.cmd == "verify":
         return _verify(args)

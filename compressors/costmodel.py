@@ -23,8 +23,26 @@ Algorithm of :func:`predict_step` (times relative to the start of backward):
    "competes with backward" is modelled simply: compute triggered by communication runs at the
    next bucket boundary, ahead of the remaining backward segments (it delays them; a segment is
    never interrupted). Decode after backward ended is exposed in full.
-4. ``t_step = t_fwd + (time both servers are done) + t_opt``. With a single bucket, no codec
-   and one round this is exactly ``t_fwd + max(t_bwd, c_last) + t_opt``.
+4. ``t_step = t_fwd + (time both servers are done) + t_opt``. With a single bucket, no codec,
+   one round and none of the host terms below, this is exactly ``t_fwd + max(t_bwd, c_last) + t_opt``.
+
+Three host terms, each measured where it arises and 0 unless given, complete the α-β model on
+real machines (on this project's 2-core VM testbed they made the step 20-30 % longer than the
+bare model for compressed runs, whose payloads are tiny):
+
+* **straggler wait** (``StepProfile.compute_jitter_s``, σ of one rank's compute per step):
+  a collective starts when the *last* rank arrives, on average ``e_N·σ`` after the mean,
+  where ``e_N`` is the expected maximum of N standard normals (:func:`expected_max_normal`;
+  0.56 for 2 ranks, 2.07 for 32). Ranks line up at the end of every step (its last
+  collective), so the skew builds up through the step: bucket ``k``'s collective waits
+  ``e_N·σ·√f_k``, ``f_k`` the share of forward+backward done when it is ready.
+* **waking the link** (``Link.wake_s``): a collective that starts on an idle link costs this
+  much more than the α-β time -- the peers' communication threads sleep and must be woken,
+  which on VMs has a heavy tail. A collective queued behind a running one pays nothing.
+* **host CPU per collective** (``StepProfile.collective_cpu_s``): the hook, issuing the
+  collective and its completion callback run on the worker's CPU, i.e. on the compute
+  stream. It matters when the bucket layout changes (tensor fusion off: one collective per
+  tensor); a worker's measured backward already includes it for its own layout.
 
 Bytes come from :func:`compressors.wire.tensor_wire_bytes`, so ``bytes_per_step`` equals
 ``compressors.wire.wire_bytes``. ACP-SGD alternates P-steps (``4·r·n`` bytes) and Q-steps
@@ -40,6 +58,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
+from statistics import NormalDist
 from typing import Iterable, Mapping, NamedTuple, Sequence, Union
 
 from compressors.spec import LOW_RANK, CompressorSpec, make_spec
@@ -75,6 +94,8 @@ MACS_PER_ELEMENT_PASS = 16
 class Link(NamedTuple):
     """α (seconds per message) and β (seconds per byte) of the link between workers.
 
+    ``wake_s``: see the module docstring's host terms.
+
     ``burst_bytes``: a token-bucket shaper (``tc tbf``, a cloud NIC's rate limit) lets this
     many bytes per rank through at line rate once the link has idled long enough to refill
     the bucket. Steps idle the link during forward and early backward, so the model lets the
@@ -85,6 +106,8 @@ class Link(NamedTuple):
     alpha: float
     beta: float
     burst_bytes: float = 0.0
+    #: Extra seconds a collective takes when it starts on an idle link (module docstring).
+    wake_s: float = 0.0
 
 
 def alpha_beta_from_bandwidth(bytes_per_second: float, latency_s: float) -> Link:
@@ -122,6 +145,17 @@ def all_gather_s(nbytes_per_worker: float, world_size: int, link: Link) -> float
     """Ring all-gather, ``b`` bytes from each worker: ``(N−1)·α + (N−1) · b·β``."""
     latency, per_byte = ring_coefficients("all_gather", world_size)
     return latency * link.alpha + per_byte * nbytes_per_worker * link.beta
+
+
+def expected_max_normal(count: int) -> float:
+    """Expected maximum of ``count`` independent standard normals (Blom's approximation).
+
+    0 for one rank, 0.59 for 2 (exact: 0.56), 1.55 for 8, 2.07 for 32, 2.41 for 64: how many
+    standard deviations of compute jitter the slowest of ``count`` ranks lags the mean.
+    """
+    if count < 1:
+        raise ValueError(f"count: must be >= 1, got {count}")
+    return NormalDist().inv_cdf((count - 0.375) / (count + 0.25)) if count > 1 else 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,7 +346,9 @@ class StepProfile:
 
     ``backward_s`` is backward *compute* (as measured without communication); the model adds
     communication itself. ``codec_costs`` maps a candidate label (``"acpsgd-r4"``) to its
-    calibrated cost; labels without one use ``default_codec``.
+    calibrated cost; labels without one use ``default_codec``. ``compute_jitter_s`` (σ of one
+    rank's forward+backward compute per step) and ``collective_cpu_s`` (host CPU per
+    collective) are the module docstring's host terms.
     """
 
     shapes: tuple[tuple[int, ...], ...]
@@ -323,6 +359,8 @@ class StepProfile:
     bucket_backward_s: tuple[float, ...] | None = None
     codec_costs: Mapping[str, CodecModel] = field(default_factory=dict)
     default_codec: CodecModel = DEFAULT_CPU_CODEC
+    compute_jitter_s: float = 0.0
+    collective_cpu_s: float = 0.0
 
     @classmethod
     def build(
@@ -336,6 +374,8 @@ class StepProfile:
         codec_costs: Mapping[str, CodecModel] | None = None,
         default_codec: CodecModel = DEFAULT_CPU_CODEC,
         bucket_cap_bytes: float = DDP_BUCKET_CAP_BYTES,
+        compute_jitter_s: float = 0.0,
+        collective_cpu_s: float = 0.0,
     ) -> "StepProfile":
         """Normalise lists to tuples; without ``buckets``, use a DDP-like layout."""
         shape_tuple = tuple(tuple(int(d) for d in s) for s in shapes)
@@ -352,7 +392,8 @@ class StepProfile:
                 raise ValueError(
                     f"bucket_backward_s: {len(per_bucket)} times for {len(layout)} buckets"
                 )
-        for name, value in (("forward_s", forward_s), ("backward_s", backward_s), ("optimizer_s", optimizer_s)):
+        for name, value in (("forward_s", forward_s), ("backward_s", backward_s), ("optimizer_s", optimizer_s),
+                            ("compute_jitter_s", compute_jitter_s), ("collective_cpu_s", collective_cpu_s)):
             if not value >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {value!r}")
         return cls(
@@ -364,6 +405,8 @@ class StepProfile:
             bucket_backward_s=per_bucket,
             codec_costs=dict(codec_costs or {}),
             default_codec=default_codec,
+            compute_jitter_s=float(compute_jitter_s),
+            collective_cpu_s=float(collective_cpu_s),
         )
 
     def codec_for(self, spec: CompressorSpec) -> CodecModel:
@@ -378,6 +421,20 @@ class StepProfile:
         if total == 0:
             return tuple(self.backward_s / len(counts) for _ in counts) if counts else ()
         return tuple(self.backward_s * c / total for c in counts)
+
+    def straggler_waits(self, world_size: int) -> tuple[float, ...]:
+        """Per bucket, how long its first collective waits for the slowest rank on average:
+        ``e_N·σ·√f_k`` (module docstring), 0 without jitter or with one rank."""
+        scale = expected_max_normal(world_size) * self.compute_jitter_s
+        segments = self.backward_segments()
+        total = self.forward_s + math.fsum(segments)
+        if scale <= 0 or total <= 0:
+            return tuple(0.0 for _ in segments)
+        done, waits = self.forward_s, []
+        for segment in segments:
+            done += segment
+            waits.append(scale * math.sqrt(min(1.0, done / total)))
+        return tuple(waits)
 
 
 @dataclass(frozen=True)
@@ -464,13 +521,17 @@ def _simulate(
     between: Sequence[float],
     decode: Sequence[float],
     rounds: Sequence[tuple[float, ...]],
+    waits: Sequence[float] = (),
+    wake_s: float = 0.0,
 ) -> float:
     """Seconds from the start of backward until compute stream and link are both done.
 
     A small discrete-event simulation of two servers (see the module docstring). Work is
     committed in order of start time, so every task that is ready before a start is known.
     Compute triggered by communication (between-round work, decode) goes ahead of the next
-    backward segment; the link takes rounds first-come first-served.
+    backward segment; the link takes rounds first-come first-served. ``waits[k]`` delays
+    bucket ``k``'s first round on the link (the slowest rank arrives later); a round that
+    finds the link idle takes ``wake_s`` longer.
     """
     count = len(backward)
     compute_free = link_free = 0.0
@@ -486,8 +547,8 @@ def _simulate(
             compute_start = math.inf
         link_start = max(on_link[0][0], link_free) if on_link else math.inf
         if link_start <= compute_start:  # ties: let a finished round trigger its compute first
-            _, k, i = heapq.heappop(on_link)
-            link_free = link_start + rounds[k][i]
+            ready, k, i = heapq.heappop(on_link)
+            link_free = link_start + rounds[k][i] + (wake_s if ready > link_free else 0.0)
             heapq.heappush(triggered, (link_free, k, i))
         elif triggered and triggered[0][0] <= compute_start:
             _, k, i = heapq.heappop(triggered)
@@ -500,7 +561,7 @@ def _simulate(
             k = next_bucket
             next_bucket += 1
             compute_free = compute_start + backward[k] + encode[k]
-            heapq.heappush(on_link, (compute_free, k, 0))
+            heapq.heappush(on_link, (compute_free + (waits[k] if waits else 0.0), k, 0))
     return max(compute_free, link_free)
 
 
@@ -519,11 +580,17 @@ def predict_step(
         raise ValueError(f"world_size: must be >= 1, got {world_size}")
     loads = _bucket_loads(spec, profile.shapes, profile.buckets, world_size)
     encode, between, decode, calibrated = _phase_seconds(loads, codec or profile.codec_for(spec))
-    rounds = _link_rounds(spec, loads, world_size, link)
-    backward = profile.backward_segments()
-    span = _simulate(backward, encode, between, decode, rounds)
-    compute = profile.forward_s + math.fsum(backward) + profile.optimizer_s
     codec_s = math.fsum(encode) + math.fsum(between) + math.fsum(decode)
+    rounds = _link_rounds(spec, loads, world_size, link)
+    if profile.collective_cpu_s > 0 and world_size > 1:
+        # Issued by the hook (round 1) or a completion callback (round 2): host CPU.
+        cpu = profile.collective_cpu_s
+        encode = [e + cpu * ((b.round1_bytes > 0) + (b.gather_bytes > 0)) for e, b in zip(encode, loads)]
+        between = [t + cpu * (b.round2_bytes > 0) for t, b in zip(between, loads)]
+    backward = profile.backward_segments()
+    waits = profile.straggler_waits(world_size) if world_size > 1 else ()
+    span = _simulate(backward, encode, between, decode, rounds, waits, link.wake_s if world_size > 1 else 0.0)
+    compute = profile.forward_s + math.fsum(backward) + profile.optimizer_s
     step = profile.forward_s + span + profile.optimizer_s
     return StepPrediction(
         label=spec.label,

@@ -108,6 +108,8 @@ class Measurements:
 
     ``latency_s`` is what the telemetry reports (``workers.probe.LinkEstimate.latency_s``):
     the time of a zero-byte all-reduce on the whole group, ``2(N−1)·α``, not α itself.
+    ``wake_s`` is the probe's wake-up cost of a collective on an idle link
+    (``compressors.costmodel.Link.wake_s``).
     """
 
     bandwidth_bytes_per_second: float
@@ -117,6 +119,7 @@ class Measurements:
     current: CompressorSpec
     grad_norm: float | None = None
     step: int | None = None
+    wake_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -282,7 +285,8 @@ def decide(
     state = _smooth_link(state, m, cfg, now)
     critical_why, state = _critical_regime(state, m, cfg, now)
     assert state.bandwidth_ewma is not None and state.latency_ewma is not None
-    link = alpha_beta_from_bandwidth(state.bandwidth_ewma, _alpha(state.latency_ewma, m.world_size))
+    link = alpha_beta_from_bandwidth(state.bandwidth_ewma, _alpha(state.latency_ewma, m.world_size))._replace(
+        wake_s=m.wake_s)
 
     pool = [_adopt(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)

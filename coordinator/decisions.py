@@ -7,7 +7,7 @@ so a job adapts the same way with or without a coordinator. This module owns eve
 around it, and never decides on its own:
 
 * which jobs the policy steers (``adaptive``; not ``fixed`` or ``pinned``),
-* turning a telemetry report into the policy's inputs (:func:`policy_inputs`), including the
+* turning a telemetry report into the policy's inputs (``workers.adaptive.policy_measurements``, shared with the in-process policy), including the
   job's :class:`~workers.protocol.ModelProfile`, sent by rank 0 at least once,
 * decision versions, reasons and predicted gains, and the operator's pin/release.
 
@@ -24,7 +24,7 @@ from compressors import policy
 from compressors.costmodel import StepProfile, candidates
 from compressors.spec import CompressorSpec, make_spec, spec_to_dict
 from coordinator.schemas import DecisionRecord, PinnedPolicy
-from workers.adaptive import policy_config, step_profile
+from workers.adaptive import policy_config, policy_measurements, step_profile
 from workers.protocol import CompressionConfig, ModelProfile, Telemetry
 
 @dataclass(frozen=True)
@@ -40,16 +40,6 @@ def _step_profile(profile: ModelProfile, cfg: CompressionConfig) -> StepProfile:
     """The cost model's view of the job's model, built exactly as the in-process policy does."""
     config = policy_config(cfg)
     return step_profile(profile, candidates(config.allowed, config.min_rank, config.max_rank, config.topk_ratios))
-
-
-def policy_inputs(t: Telemetry, profile: StepProfile | None, current: CompressorSpec) -> policy.Measurements | None:
-    """The policy's measurements for one report, or None while something essential is missing."""
-    if t.bandwidth_bytes_per_second is None or profile is None:
-        return None
-    return policy.Measurements(
-        bandwidth_bytes_per_second=t.bandwidth_bytes_per_second, latency_s=t.latency_seconds or 0.0,
-        world_size=t.world_size, profile=profile, current=current, grad_norm=t.grad_norm, step=t.step,
-    )
 
 
 def spec_of(d: DecisionRecord) -> CompressorSpec:
@@ -85,7 +75,7 @@ class DecisionLoop:
             job = self._jobs.get(job_id) or _JobPolicy(state=_fresh_state(current))
             if profile is not None and profile != job.source:
                 job = replace(job, profile=_step_profile(profile, cfg), source=profile)
-            inputs = policy_inputs(t, job.profile, spec_of(current))
+            inputs = policy_measurements(t, job.profile, spec_of(current))
             if inputs is None:
                 self._jobs[job_id] = job
                 return None

@@ -9,6 +9,7 @@ so both adapt the same way.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from compressors import costmodel
@@ -44,6 +45,29 @@ def step_profile(profile: ModelProfile, candidates: tuple[CompressorSpec, ...]) 
         optimizer_s=profile.optimizer_s,
         buckets=profile.buckets or None,
         codec_costs=codec,
+    )
+
+
+def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | None,
+                        current: CompressorSpec) -> Measurements | None:
+    """The policy's inputs from one report, or None while a profile or a bandwidth is missing.
+
+    The report's compute jitter (σ) goes into the profile: the straggler term changes as the
+    machine gets busier, while the rest of the profile is measured once.
+    """
+    if profile is None or telemetry.bandwidth_bytes_per_second is None:
+        return None
+    if telemetry.compute_jitter_seconds is not None:
+        profile = dataclasses.replace(profile, compute_jitter_s=telemetry.compute_jitter_seconds)
+    return Measurements(
+        bandwidth_bytes_per_second=telemetry.bandwidth_bytes_per_second,
+        latency_s=telemetry.latency_seconds or 0.0,
+        wake_s=telemetry.link_wake_seconds or 0.0,
+        world_size=telemetry.world_size,
+        profile=profile,
+        current=current,
+        grad_norm=telemetry.grad_norm,
+        step=telemetry.step,
     )
 
 
@@ -98,15 +122,8 @@ class AdaptiveController:
             return Outcome(self.decision, False, "pinned")
         if self._step_profile is None or telemetry.bandwidth_bytes_per_second is None:
             return Outcome(self.decision, False, "waiting for a model profile and a bandwidth measurement")
-        measurements = Measurements(
-            bandwidth_bytes_per_second=telemetry.bandwidth_bytes_per_second,
-            latency_s=telemetry.latency_seconds or 0.0,
-            world_size=telemetry.world_size,
-            profile=self._step_profile,
-            current=self.current_spec,
-            grad_norm=telemetry.grad_norm,
-            step=telemetry.step,
-        )
+        measurements = policy_measurements(telemetry, self._step_profile, self.current_spec)
+        assert measurements is not None
         verdict, self.state = decide(self.state, measurements, self.config, now)
         if isinstance(verdict, Switch):
             return Outcome(self._set(verdict.spec, verdict.reason, verdict.gain), True, verdict.reason)

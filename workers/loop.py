@@ -20,11 +20,12 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -416,6 +417,8 @@ class _Reporter:
             bytes_sent_per_step=stats.bytes_sent / stats.steps if stats.steps else None,
             bandwidth_bytes_per_second=bandwidth,
             latency_seconds=latency,
+            link_wake_seconds=self.estimate.wake_s if self.estimate.has_link else None,
+            compute_jitter_seconds=timer.compute_jitter_s(),
             grad_norm=float(grad_norm),
             compressor=spec.name,
             rank=spec.rank,
@@ -427,15 +430,15 @@ class _Reporter:
         )
 
     def _profile(self, model: torch.nn.Module, means: dict[str, float]) -> ModelProfile:
-        shapes = [list(p.shape) for p in model.parameters() if p.requires_grad]
+        shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+        # DDP gives the first bucket 1 MiB only when bucket_cap_mb is left unset; this loop
+        # always sets it, so every bucket (the first too) has the same cap.
+        buckets = build_bucket_layout(shapes, self.cfg.bucket_cap_mb * 2**20, first_bucket_bytes=None)
         if self.cfg.compression.mode == "adaptive" and not self.calibration:
-            self.calibration, self.per_element = calibrate_codecs([tuple(s) for s in shapes], self.cfg, self.env.world_size)
+            self.calibration, self.per_element = calibrate_codecs(shapes, buckets, self.cfg, self.env.world_size)
         return ModelProfile(
-            shapes=shapes,
-            # DDP gives the first bucket 1 MiB only when bucket_cap_mb is left unset; this loop
-            # always sets it, so every bucket (the first too) has the same cap.
-            buckets=[list(b) for b in build_bucket_layout([tuple(s) for s in shapes], self.cfg.bucket_cap_mb * 2**20,
-                                                          first_bucket_bytes=None)],
+            shapes=[list(s) for s in shapes],
+            buckets=[list(b) for b in buckets],
             forward_s=means["forward"],
             backward_s=max(0.0, means["backward"] - means["exposed_comm"]),
             optimizer_s=means["optimizer"],
@@ -454,34 +457,40 @@ def _version(source: DecisionSource) -> int:
     return current.version if current else 0
 
 
-def calibrate_codecs(shapes: list[tuple[int, ...]], cfg: TrainConfig, world_size: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Time one encode+decode of each compressor family on this device, at world size 1.
+def calibrate_codecs(shapes: list[tuple[int, ...]], buckets: Sequence[Sequence[int]], cfg: TrainConfig,
+                     world_size: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Time one step's encode+decode of each compressor family on this device, at world size 1.
 
-    Returns (seconds by label, seconds per element pass by compressor name); the cost model
-    scales the per-element figure to the ranks and ratios that were not timed.
+    Bucket by bucket, in the job's DDP layout (each bucket's fixed costs count, as in the
+    hook), the median of three timed steps after one warm-up (the first run also warms
+    PowerSGD's factors). Returns (seconds by label, seconds per element pass by compressor
+    name); the cost model scales the per-element figure to the ranks and ratios not timed.
     """
     rank = max(cfg.compression.min_rank, min(4, cfg.compression.max_rank))
     allowed = cfg.compression.allowed or ["none", "fp16", "bf16", "signsgd", "topk", "powersgd", "acpsgd"]
     seconds: dict[str, float] = {}
     per_element: dict[str, float] = {}
-    device = torch.device("cpu")
-    grads = [torch.randn(shape, device=device) for shape in shapes]
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    grads = [torch.randn(shape) for shape in shapes]
     for name in allowed:
         params = {"rank": rank} if name in ("powersgd", "acpsgd") else {}
         spec = make_spec(name, **params)
         compressor = from_spec(spec)
-        best = math.inf
-        for _ in range(3 if name in ("powersgd", "acpsgd") else 2):  # first run warms the factors
-            buffer = flat.clone()
-            slots, offset = [], 0
-            for index, shape in enumerate(shapes):
-                size = math.prod(shape)
-                slots.append(GradSlot(key=f"p{index}", grad=buffer[offset:offset + size].view(shape), offset=offset))
-                offset += size
-            started = time.perf_counter()
-            run_in_lockstep([compressor.process(buffer, slots, 1)])
-            best = min(best, time.perf_counter() - started)
+        timed = []
+        for _ in range(4):
+            elapsed = 0.0
+            for bucket in buckets:
+                buffer = torch.cat([grads[i].reshape(-1) for i in bucket])
+                slots, offset = [], 0
+                for index in bucket:
+                    size = math.prod(shapes[index])
+                    slots.append(GradSlot(key=f"p{index}", grad=buffer[offset:offset + size].view(shapes[index]), offset=offset))
+                    offset += size
+                started = time.perf_counter()
+                run_in_lockstep([compressor.process(buffer, slots, 1)])
+                elapsed += time.perf_counter() - started
+            compressor.end_step()
+            timed.append(elapsed)
+        best = statistics.median(timed[1:])
         seconds[spec.label] = best
         work = codec_work(spec, shapes, world_size)
         if work > 0:

@@ -11,6 +11,8 @@ Three pieces keep α and β current while training runs:
 1. :func:`probe_link` -- the anchor. All-reduces two sizes (a small one that is all latency,
    a large one that is mostly bandwidth), takes the median of a few repeats, solves the two
    equations for α and β, and broadcasts rank 0's answer so every rank holds the same numbers.
+   It also times what the α-β fit leaves out: how much longer a small collective takes when
+   the peers have been idle waiting for it (``wake_s``), as in a training step.
 2. :class:`ProbeScheduler` -- when to probe: at start, then every ``probe_interval_s``, but
    only while the probes' total cost stays within a share (2%) of the run's elapsed time.
    It reads no clock itself, so it is tested with a fake one.
@@ -57,6 +59,9 @@ MIN_LARGE_PROBE_BYTES = 256 * 1024
 MAX_LARGE_PROBE_BYTES = DEFAULT_SIZES[1]
 #: A sized probe whose large warm-up takes this many times its target stops there.
 PROBE_STOP_FACTOR = 4.0
+#: Wake-up rounds per probe and how long the last rank to arrive computes (spins) first.
+WAKE_ROUNDS = 8
+WAKE_SPIN_S = 0.002
 
 
 def sized_probe(bytes_per_second: float | None) -> tuple[int, int]:
@@ -126,7 +131,9 @@ class LinkEstimate:
     """The link as the α-β model sees it, identical on every rank.
 
     ``latency_s`` is the predicted time of a zero-byte all-reduce, 2(n-1)·α: what one tiny
-    collective costs on this group, the number the dashboards show. ``measured_at`` is
+    collective costs on this group, the number the dashboards show. ``wake_s`` is how much
+    longer, on average, a small collective takes when the peers sat idle waiting for it
+    (their communication threads asleep; ``compressors.costmodel.Link.wake_s``). ``measured_at`` is
     rank 0's ``time.time()`` when the probe finished; ``cost_s`` is rank 0's wall time
     spent probing (warm-up included), which the :class:`ProbeScheduler` budgets.
     """
@@ -140,15 +147,16 @@ class LinkEstimate:
     world_size: int = 1
     #: The largest message the probe timed (0: no probe), to budget the next one by.
     probe_bytes: int = 0
+    wake_s: float = 0.0
 
     @classmethod
     def from_fit(cls, alpha_s: float, beta_s_per_byte: float, world_size: int, *,
-                 measured_at: float, cost_s: float, probe_bytes: int = 0) -> "LinkEstimate":
+                 measured_at: float, cost_s: float, probe_bytes: int = 0, wake_s: float = 0.0) -> "LinkEstimate":
         bandwidth = math.inf if beta_s_per_byte == 0 else 1.0 / beta_s_per_byte
         lat, _ = ring_coefficients("all_reduce", world_size)
         return cls(alpha_s=alpha_s, beta_s_per_byte=beta_s_per_byte, bandwidth_bytes_per_second=bandwidth,
                    latency_s=lat * alpha_s, measured_at=measured_at, cost_s=cost_s, world_size=world_size,
-                   probe_bytes=probe_bytes)
+                   probe_bytes=probe_bytes, wake_s=wake_s)
 
     @classmethod
     def no_link(cls, measured_at: float | None = None) -> "LinkEstimate":
@@ -183,6 +191,7 @@ def probe_link(
     warmup: bool = True,
     stop_after_s: float | None = None,
     device: "torch.device | str | None" = None,
+    wake_rounds: int = WAKE_ROUNDS,
 ) -> LinkEstimate:
     """Measure α and β of ``process_group``'s all-reduce; every rank must call it.
 
@@ -196,8 +205,11 @@ def probe_link(
        message) took longer on any rank (the ranks agree by an all-reduce of their times),
        that long transfer is the measurement and no more rounds follow: the link is much
        slower than the probe was sized for.
-    4. Each rank fits (α, β) to the median time of every size; rank 0's fit, time stamp
-       and cost are broadcast so all ranks return the same estimate.
+    4. ``wake_rounds`` times the small message as a training step meets it
+       (:func:`wake_up_seconds`): ``wake_s`` is its mean time beyond what the fitted α-β model
+       predicts for it (so α's fit noise and ``wake_s`` add up to what a step sees).
+    5. Each rank fits (α, β) to the median time of every size; rank 0's fit, wake-up, time
+       stamp and cost are broadcast so all ranks return the same estimate.
 
     ``sizes`` are bytes of fp32 tensors (rounded down to whole elements). ``device`` defaults
     to the current CUDA device for an NCCL group, else the CPU.
@@ -207,6 +219,8 @@ def probe_link(
 
     if repeats < 1:
         raise ValueError(f"repeats: must be >= 1, got {repeats}")
+    if wake_rounds < 0:
+        raise ValueError(f"wake_rounds: must be >= 0, got {wake_rounds}")
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(process_group) == 1:
         return LinkEstimate.no_link()
     world_size = dist.get_world_size(process_group)
@@ -234,12 +248,52 @@ def probe_link(
         if stop_after_s is not None and round_ == 0 and not warmup and _slowest(times[-1][0], process_group, dev) > stop_after_s:
             break
     alpha, beta = fit_alpha_beta(nbytes, [statistics.median(ts) for ts in times], world_size)
+    wake = 0.0
+    if wake_rounds:
+        cold = wake_up_seconds(tensors[0], process_group, dev, wake_rounds)
+        wake = max(0.0, cold - all_reduce_seconds(nbytes[0], world_size, alpha, beta))
     cost = time.perf_counter() - started
-    agreed = torch.tensor([alpha, beta, time.time(), cost], dtype=torch.float64, device=dev)
+    agreed = torch.tensor([alpha, beta, time.time(), cost, wake], dtype=torch.float64, device=dev)
     src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
     dist.broadcast(agreed, src=src, group=process_group)
-    alpha, beta, measured_at, cost = agreed.tolist()
-    return LinkEstimate.from_fit(alpha, beta, world_size, measured_at=measured_at, cost_s=cost, probe_bytes=max(nbytes))
+    alpha, beta, measured_at, cost, wake = agreed.tolist()
+    return LinkEstimate.from_fit(alpha, beta, world_size, measured_at=measured_at, cost_s=cost,
+                                 probe_bytes=max(nbytes), wake_s=wake)
+
+
+def wake_up_seconds(tensor: "torch.Tensor", process_group: "dist.ProcessGroup | None", device: "torch.device",
+                    rounds: int, spin_s: float = WAKE_SPIN_S) -> float:
+    """Mean time of a small all-reduce that the last rank joins after computing.
+
+    Why: the aligned rounds (a barrier, then the collective) find every rank awake and
+    measure the link; in a training step the ranks that finished backward first sleep in
+    the collective until the last one arrives, and waking them costs more -- on VMs a
+    heavy-tailed ~1-2 ms. Each round: a barrier, then every rank spins (busy CPU, like
+    backward) for ``spin_s / 2``, except one (a different one each round) for ``spin_s``,
+    then all-reduce. The collective can finish only after the last rank's ``spin_s``, so
+    the time beyond it is the collective as the last rank meets it. Mean, not median: the
+    tail is what a step pays on average.
+    """
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
+    seconds = []
+    for round_ in range(rounds):
+        dist.barrier(group=process_group)
+        _synchronize(device)
+        start = time.perf_counter()
+        _spin(spin_s if rank == round_ % world else spin_s / 2)
+        dist.all_reduce(tensor, group=process_group)
+        _synchronize(device)
+        seconds.append(time.perf_counter() - start - spin_s)
+    return max(0.0, statistics.fmean(seconds))
+
+
+def _spin(seconds: float) -> None:
+    """Keep the CPU busy for ``seconds`` (sleeping would let the scheduler idle the core)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _slowest(seconds: float, process_group: "dist.ProcessGroup | None", device: "torch.device") -> float:

@@ -233,6 +233,11 @@ class Telemetry(_Strict):
     bytes_sent_per_step: float | None = Field(default=None, ge=0)
     bandwidth_bytes_per_second: float | None = Field(default=None, gt=0)
     latency_seconds: float | None = Field(default=None, ge=0)
+    #: How much longer a collective takes when the peers sat idle waiting (the probe's wake_s).
+    link_wake_seconds: float | None = Field(default=None, ge=0)
+    #: σ of one rank's forward+backward compute per step over the timer's window: the
+    #: cost model's straggler term (the slowest rank lags the mean by about e_N·σ).
+    compute_jitter_seconds: float | None = Field(default=None, ge=0)
     grad_norm: float | None = Field(default=None, ge=0)
     compressor: str | None = None
     rank: int | None = None

@@ -11,6 +11,7 @@ so timing never forces a device synchronisation in the middle of a step.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -88,6 +89,13 @@ class StepTimer:
         if not self.recent:
             return {phase: 0.0 for phase in ALL_PHASES}
         return {phase: sum(t.seconds[phase] for t in self.recent) / len(self.recent) for phase in ALL_PHASES}
+
+    def compute_jitter_s(self) -> float:
+        """Standard deviation of forward + backward compute (backward less exposed
+        communication) over the window: how unevenly this rank reaches the step's last
+        collective, which the cost model turns into the wait for the slowest rank."""
+        samples = [t.seconds["forward"] + t.seconds["backward"] - t.seconds["exposed_comm"] for t in self.recent]
+        return statistics.stdev(samples) if len(samples) >= 3 else 0.0
 
     def mean_step_s(self) -> float:
         return sum(t.total_s for t in self.recent) / len(self.recent) if self.recent else 0.0

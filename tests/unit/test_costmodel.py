@@ -22,6 +22,7 @@ from compressors.costmodel import (
     candidate_ranks,
     candidates,
     codec_work,
+    expected_max_normal,
     predict_step,
 )
 from compressors.spec import COMPRESSOR_NAMES, make_spec
@@ -53,8 +54,8 @@ def all_specs():
 def test_alpha_beta_from_bandwidth():
     link = alpha_beta_from_bandwidth(1.25e9, 2e-5)
     assert link == Link(alpha=2e-5, beta=1 / 1.25e9)
-    alpha, beta, burst = link
-    assert (alpha, beta, burst) == (2e-5, 8e-10, 0.0)  # no shaper burst unless one is known
+    alpha, beta, burst, wake = link
+    assert (alpha, beta, burst, wake) == (2e-5, 8e-10, 0.0, 0.0)  # no burst or wake-up unless measured
     with pytest.raises(ValueError, match="^bytes_per_second"):
         alpha_beta_from_bandwidth(0, 1e-5)
     with pytest.raises(ValueError, match="^latency_s"):
@@ -116,6 +117,72 @@ def test_a_shapers_burst_is_spent_on_the_steps_first_bytes():
     assert p.comm_s == pytest.approx(predict_step(make_spec("none"), prof, 2, plain).comm_s - 30_000 * 5e-6)
     everything_free = Link(alpha=0.0, beta=5e-6, burst_bytes=1e9)
     assert predict_step(make_spec("none"), prof, 2, everything_free).step_s == pytest.approx(0.2)
+
+
+# --- host terms: straggler wait, waking the link, CPU per collective ----------------------------
+
+
+def test_expected_max_normal():
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / 3.14159265 ** 0.5, rel=0.05)  # exact: 1/√π
+    values = [expected_max_normal(n) for n in (2, 8, 32, 64)]
+    assert values == sorted(values)
+    assert values[2] == pytest.approx(2.07, abs=0.05)  # tabulated E[max of 32 normals]: 2.07
+    with pytest.raises(ValueError, match="^count"):
+        expected_max_normal(0)
+
+
+def test_a_collective_on_an_idle_link_pays_the_wake_up_and_a_queued_one_does_not():
+    shapes = [(100, 100), (100, 100)]
+    prof = StepProfile.build(shapes, forward_s=0.0, backward_s=0.2, buckets=[[1], [0]])
+    # Fast link: both buckets find it idle (bucket 1 done at 0.14 < 0.2): two wake-ups,
+    # only the last one is exposed.
+    fast = Link(alpha=0.0, beta=1e-6)
+    t = all_reduce_s(40_000, 2, fast)
+    assert predict_step(make_spec("none"), prof, 2, fast._replace(wake_s=0.003)).step_s == pytest.approx(0.2 + t + 0.003)
+    # Slow link: bucket 0 queues behind bucket 1, so only bucket 1 wakes the link.
+    slow = Link(alpha=0.0, beta=5e-6, wake_s=0.003)
+    assert predict_step(make_spec("none"), prof, 2, slow).step_s == pytest.approx(0.5 + 0.003)
+    # One worker has no link to wake.
+    assert predict_step(make_spec("none"), prof, 1, slow).step_s == pytest.approx(0.2)
+
+
+def test_the_slowest_rank_delays_the_last_collective_by_e_n_sigma():
+    shapes = [(256, 256), (256,)]
+    link = Link(alpha=0.0, beta=1e-8)
+    t = all_reduce_s(4 * (256 * 256 + 256), 8, link)
+    prof = StepProfile.build(shapes, forward_s=0.01, backward_s=0.02, buckets=[[1, 0]], compute_jitter_s=0.002)
+    # One bucket, ready when all compute is done (f = 1): it waits e_N·σ on the link.
+    assert predict_step(make_spec("none"), prof, 8, link).step_s == pytest.approx(0.03 + t + expected_max_normal(8) * 0.002)
+    assert predict_step(make_spec("none"), prof, 2, link).step_s < predict_step(make_spec("none"), prof, 8, link).step_s
+    assert predict_step(make_spec("none"), prof, 1, link).step_s == pytest.approx(0.03)
+    # Earlier buckets wait less (√f), and a busy link absorbs the wait.
+    two = StepProfile.build([(100, 100), (100, 100)], forward_s=0.1, backward_s=0.2, buckets=[[1], [0]], compute_jitter_s=0.01)
+    assert two.straggler_waits(2) == pytest.approx(tuple(expected_max_normal(2) * 0.01 * f ** 0.5 for f in (2 / 3, 1.0)))
+    slow = Link(alpha=0.0, beta=5e-6)  # bucket 0 queues behind bucket 1 for 0.1 s > its wait
+    bare = StepProfile.build([(100, 100), (100, 100)], forward_s=0.1, backward_s=0.2, buckets=[[1], [0]])
+    waited = predict_step(make_spec("none"), two, 2, slow).step_s - predict_step(make_spec("none"), bare, 2, slow).step_s
+    assert waited == pytest.approx(two.straggler_waits(2)[0])  # only bucket 1's wait shows
+
+
+def test_host_cpu_per_collective_runs_on_the_compute_stream():
+    """Fusion off (one bucket per tensor) pays the host CPU once per collective; PowerSGD's
+    compressed matrices pay it twice (two rounds)."""
+    fused = profile(codec_costs={}, default_codec=FREE, collective_cpu_s=0.001)
+    unfused = StepProfile.build(SHAPES, forward_s=0.03, backward_s=0.06, optimizer_s=0.005, default_codec=FREE,
+                                buckets=[[i] for i in reversed(range(len(SHAPES)))], collective_cpu_s=0.001)
+    free_cpu = StepProfile.build(SHAPES, forward_s=0.03, backward_s=0.06, optimizer_s=0.005, default_codec=FREE,
+                                 buckets=[[i] for i in reversed(range(len(SHAPES)))])
+    fast = Link(alpha=0.0, beta=1e-12)
+    none = make_spec("none")
+    # On a link that costs (almost) nothing, the step is compute plus the CPU of every collective.
+    assert predict_step(none, unfused, 2, fast).step_s == pytest.approx(0.095 + 0.001 * len(SHAPES), abs=1e-5)
+    assert predict_step(none, fused, 2, fast).step_s == pytest.approx(0.095 + 0.001 * len(fused.buckets), abs=1e-5)
+    assert predict_step(none, free_cpu, 2, fast).step_s == pytest.approx(0.095, abs=1e-5)
+    matrices = sum(1 for s in SHAPES if is_compressed(make_spec("powersgd", rank=4), s))
+    powersgd = predict_step(make_spec("powersgd", rank=4), unfused, 2, fast).step_s
+    assert powersgd == pytest.approx(0.095 + 0.001 * (len(SHAPES) + matrices), abs=1e-5)
+    assert predict_step(none, unfused, 1, fast).step_s == pytest.approx(0.095)  # nothing to send
 
 
 def test_bytes_per_step_equals_wire_bytes():
