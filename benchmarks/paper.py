@@ -462,6 +462,24 @@ class Runner:
             cached.write_text(json.dumps(best))
         return best
 
+    def wake_up_s(self, workers: int, rounds: int = 40) -> float:
+        """The probe's ``wake_s`` on this testbed: a small all-reduce joined late by one rank,
+        beyond the aligned one's best time (``workers.probe.wake_up_seconds``). Cached."""
+        from benchmarks.testbed import measure_allreduce
+
+        cached = self.cache_dir / f"wake-{workers}.json" if self.cache_dir else None
+        if cached is not None and cached.exists():
+            return float(json.loads(cached.read_text())["wake_s"])
+        self._port += 1
+        with bench_lock():
+            m = measure_allreduce(self._testbed(workers, CALIBRATION_MBIT), nbytes=4096, iters=9, port=self._port,
+                                  wake_rounds=rounds)
+        wake = max(0.0, (m.wake_up_s or 0.0) - min(m.seconds))
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(json.dumps({"wake_s": wake, "rounds": rounds}))
+        return wake
+
     def _attempt(self, cell: Cell, timeout_s: float) -> dict[str, Any]:
         from benchmarks.testbed import TestbedError, _collect, worker_env
 
@@ -555,6 +573,8 @@ def summarize(cell: Cell, raw: Mapping[str, Any]) -> dict[str, Any]:
     throughput = [samples / t for t in block_means]
     phase_s = {phase: statistics.fmean(s[phase] for s in measured) for phase in PHASES}
     return {
+        # σ of one rank's compute per step: the cost model's straggler term (compressors.costmodel).
+        "compute_jitter_s": compute_jitter_s(measured),
         "model": cell.workload, "method": cell.method, "workers": cell.workers, "mbit": cell.mbit,
         "iter_s": iter_s, "iter_ci_s": ci,
         "samples_per_s": samples / iter_s,
@@ -572,6 +592,30 @@ def summarize(cell: Cell, raw: Mapping[str, Any]) -> dict[str, Any]:
         "other_cpu_cores": raw.get("other_cpu_cores"), "rank0_cpu_share": raw.get("rank0_cpu_share"),
         "attempts": raw.get("attempts", 1),
     }
+
+
+def compute_jitter_s(steps: Sequence[Mapping[str, float]]) -> float:
+    """σ over steps of rank 0's compute (data + forward + backward less exposed communication)."""
+    samples = [s["data"] + s["forward"] + s["backward"] - s["exposed_comm"] for s in steps]
+    return statistics.stdev(samples) if len(samples) > 1 else 0.0
+
+
+def collective_cpu_s(fused: Cell, fused_raw: Mapping[str, Any], unfused: Cell, unfused_raw: Mapping[str, Any],
+                     shapes: Sequence[Sequence[int]]) -> float:
+    """Host seconds per collective: how much longer a step with one bucket per tensor takes
+    than the same step with 25 MB buckets, per extra collective.
+
+    Both are S-SGD with pipelining off on a fast link (the calibration's setting): the same
+    bytes and compute, every collective after backward, so the difference is what each
+    collective costs the worker's CPU (hook, issue, completion callback) beyond its bytes.
+    """
+    from benchmarks.simulate import layout_for
+
+    def step_s(cell: Cell, raw: Mapping[str, Any]) -> float:
+        return statistics.median(s["forward"] + s["backward"] + s["optimizer"] for s in raw["steps"][cell.protocol.warmup:])
+
+    extra = len(layout_for(shapes, unfused.bucket_cap_mb)) - len(layout_for(shapes, fused.bucket_cap_mb))
+    return max(0.0, (step_s(unfused, unfused_raw) - step_s(fused, fused_raw)) / extra) if extra > 0 else 0.0
 
 
 def calibration_entry(cell: Cell, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -1020,6 +1064,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
     results: list[dict[str, Any]] = []
     ablation_rows: list[dict[str, Any]] = []
     calibration: dict[str, Any] = {}
+    wake_s: dict[int, float] = {}
     regimes: dict[str, Any] = {}
     workloads: dict[str, Any] = {}
     shapes: dict[str, list[tuple[int, ...]]] = {}
@@ -1052,8 +1097,17 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
                 raw = runner.run(cell, timeout_s=900, retries=args.retries, max_other_cores=args.max_other_cores)
                 calibration[f"{model}/{n}"] = calibration_entry(cell, raw)
                 c = calibration[f"{model}/{n}"]
+                unfused = replace(cell, bucket_cap_mb=FUSION_CAPS_MB[0])
+                print(f"calibrate {_cell_label(unfused)}", flush=True)
+                unfused_raw = runner.run(unfused, timeout_s=900, retries=args.retries, max_other_cores=args.max_other_cores)
+                c["collective_cpu_s"] = collective_cpu_s(cell, raw, unfused, unfused_raw, shapes[model])
                 print(f"          forward {c['forward_s']:.3f} s, backward {c['backward_s']:.3f} s, "
-                      f"optimizer {c['optimizer_s']:.3f} s", flush=True)
+                      f"optimizer {c['optimizer_s']:.3f} s, host CPU per collective {c['collective_cpu_s'] * 1e3:.2f} ms",
+                      flush=True)
+            for n in worker_counts[model]:
+                if n not in wake_s:
+                    wake_s[n] = runner.wake_up_s(n)
+                    print(f"link wake-up with {n} workers: {wake_s[n] * 1e3:.2f} ms", flush=True)
         # 2. Regimes, from measured compute and the byte formulas.
         for model in models:
             regimes[model] = regime_rates(WORKLOADS[model], calibration[f"{model}/2"], shapes[model], 2)
@@ -1118,6 +1172,9 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
         "results": results,
         "ablations": ablation_rows,
         "calibration": calibration,
+        # The probe's wake-up cost of a collective on an idle link, by worker count
+        # (compressors.costmodel.Link.wake_s), measured at the calibration rate.
+        "host": {"wake_s": {str(n): w for n, w in wake_s.items()}},
         "regimes": regimes,
         "workloads": workloads,
         "acceptance": accept,

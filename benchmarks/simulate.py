@@ -144,6 +144,10 @@ class Compute:
     optimizer_s: float
     ready_s: tuple[float, ...] | None = None
     label: str = "measured"
+    #: The cost model's host terms (compressors.costmodel): σ of compute per step, and host
+    #: CPU per collective. 0 where not measured (the paper-scale GPU inputs).
+    jitter_s: float = 0.0
+    collective_cpu_s: float = 0.0
 
 
 def predict(
@@ -175,6 +179,8 @@ def predict(
         optimizer_s=compute.optimizer_s,
         buckets=layout,
         bucket_backward_s=segments,
+        compute_jitter_s=compute.jitter_s,
+        collective_cpu_s=compute.collective_cpu_s,
     )
     return predict_step(spec, profile, workers, link, codec=codec)
 
@@ -313,20 +319,23 @@ def validate(paper: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Re-predict every real run in ``paper.json`` with the cost model; error per run.
 
     Inputs per run: the model's calibrated compute (forward incl. data, backward compute,
-    optimizer) and per-parameter ready times, the run's own measured link (α, β from its
-    probe) and its own measured encode+decode seconds, its bucket cap and pipelining flag.
+    optimizer), per-parameter ready times and host CPU per collective, the run's own measured
+    link (α, β from its probe; the testbed's wake-up cost), compute jitter and encode+decode
+    seconds, its bucket cap and pipelining flag.
     """
     out = []
     rows = list(paper.get("results", [])) + list(paper.get("ablations", []))
     links = _links_by_setting(rows)
+    wake = (paper.get("host") or {}).get("wake_s", {})
     for row in rows:
         workload = paper["workloads"].get(row["model"])
         calib = (paper.get("calibration") or {}).get(f"{row['model']}/{row['workers']}")
         if workload is None or calib is None or not row.get("link"):
             continue
-        link = links[(row["workers"], row["mbit"])]
+        link = links[(row["workers"], row["mbit"])]._replace(wake_s=wake.get(str(row["workers"]), 0.0))
         compute = Compute(calib["forward_s"], calib["backward_s"], calib["optimizer_s"],
-                          ready_s=tuple(calib["ready_s"]) if calib.get("ready_s") else None)
+                          ready_s=tuple(calib["ready_s"]) if calib.get("ready_s") else None,
+                          jitter_s=row.get("compute_jitter_s", 0.0), collective_cpu_s=calib.get("collective_cpu_s", 0.0))
         codec = CodecCost(step_s=max(0.0, row["phase_s"].get("compress", 0.0) + row["phase_s"].get("decompress", 0.0)))
         if row["method"] == "torch_powersgd":
             # Its hook's whole run (encode, both rounds, decode) is one timed span; take the
