@@ -67,6 +67,12 @@ class CoordinatorMetrics:
             ["job"], registry=r)
         self.latency = Gauge(
             "gradwire_network_latency_seconds", "Measured collective latency (alpha)", ["job"], registry=r)
+        self.link_wake = Gauge(
+            "gradwire_network_wake_seconds", "Extra time of a collective on an idle link (the probe's "
+            "late-joined all-reduce; the cost model's wake-up term)", ["job"], registry=r)
+        self.compute_jitter = Gauge(
+            "gradwire_compute_jitter_seconds", "Standard deviation of one rank's compute per step "
+            "(the cost model's straggler term)", ["job"], registry=r)
         self.comm_bytes = Counter(
             "gradwire_comm_bytes_total", "Bytes all ranks put into collectives",
             ["job", "compressor"], registry=r)
@@ -100,7 +106,8 @@ class CoordinatorMetrics:
             if step is not None:
                 self._labels(self.step_seconds, job_id, compressor).observe(step)  # type: ignore[attr-defined]
             for gauge, value in ((self.samples_per_second, t.samples_per_second), (self.train_loss, t.loss),
-                                 (self.bandwidth, t.bandwidth_bytes_per_second), (self.latency, t.latency_seconds)):
+                                 (self.bandwidth, t.bandwidth_bytes_per_second), (self.latency, t.latency_seconds),
+                                 (self.link_wake, t.link_wake_seconds), (self.compute_jitter, t.compute_jitter_seconds)):
                 if value is not None:
                     self._labels(gauge, job_id).set(value)  # type: ignore[attr-defined]
             advanced = max(0, t.step - previous_step)

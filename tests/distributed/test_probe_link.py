@@ -65,6 +65,27 @@ def test_a_probe_cut_short_is_cut_short_on_every_rank_alike(warmup: bool) -> Non
     assert est.probe_bytes == 256 * 1024 and 0 < est.bandwidth_bytes_per_second < math.inf
 
 
+def _wake_rank(rank: int, world_size: int) -> dict:
+    import torch
+
+    from workers.probe import wake_up_seconds
+
+    late_joined = wake_up_seconds(torch.ones(1024), None, torch.device("cpu"), rounds=6, spin_s=0.05)
+    return {"late_joined_s": late_joined, "with": probe_link(wake_rounds=4).to_dict(),
+            "without": probe_link(wake_rounds=0).to_dict()}
+
+
+def test_the_wake_up_cost_is_what_a_late_joined_collective_takes_beyond_the_model() -> None:
+    first, second = run_ranks(_wake_rank, 2, timeout=120)
+    # The 50 ms the last rank computes before joining is not part of the collective's time:
+    # what is left is a small all-reduce (~1 ms here, heavy-tailed), never free.
+    for rank in (first, second):
+        assert 0 < rank["late_joined_s"] < 0.025
+    assert first["with"] == second["with"]  # rank 0's wake-up is broadcast with the fit
+    assert first["with"]["wake_s"] >= 0.0
+    assert first["without"]["wake_s"] == 0.0
+
+
 def test_one_worker_group_returns_without_timing() -> None:
     (only,) = run_ranks(_probe_rank, 1, timeout=120)
     assert only["world_size"] == 1 and only["cost_s"] == 0.0

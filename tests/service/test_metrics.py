@@ -31,3 +31,14 @@ def test_every_metric_of_the_design_is_exported():
                  "network_bandwidth_bytes_per_second", "network_latency_seconds", "comm_bytes_total",
                  "compression_ratio", "compressor_info", "policy_switches_total", "jobs"):
         assert f"# TYPE gradwire_{name} " in text, name
+
+
+def test_the_cost_models_host_terms_are_exported_when_reported():
+    metrics = CoordinatorMetrics(lambda: {}, grace_s=60)
+    metrics.observe_report("j", Telemetry(**telemetry(5)), previous_step=0, shapes=None)
+    assert "gradwire_network_wake_seconds{" not in generate_latest(metrics.registry).decode()
+    report = Telemetry(**telemetry(6, link_wake_seconds=0.0015, compute_jitter_seconds=0.002))
+    metrics.observe_report("j", report, previous_step=5, shapes=None)
+    text = generate_latest(metrics.registry).decode()
+    assert 'gradwire_network_wake_seconds{job="j"} 0.0015' in text
+    assert 'gradwire_compute_jitter_seconds{job="j"} 0.002' in text
