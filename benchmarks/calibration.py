@@ -86,9 +86,7 @@ def measure_links(tb: Testbed, rates: Sequence[float]) -> dict[float, dict[str, 
         latency, large_s = min(small.seconds), min(large.seconds)
         links[mbit] = {"bandwidth_bytes_per_second": LINK_PROBE_BYTES / max(1e-9, large_s - latency),
                        "latency_s": latency, "mbit_seen": 2 * (2 - 1) / 2 * LINK_PROBE_BYTES * 8 / large_s / 1e6,
-                       "burst_bytes": tbf_burst_bytes(mbit),
-                       # What the probe reports as wake_s: the late-joined collective beyond the model's.
-                       "wake_s": max(0.0, (small.wake_up_s or 0.0) - latency)}
+                       "burst_bytes": tbf_burst_bytes(mbit), "wake_s": small.wake_s}
         print(f"[calibration] link at {mbit:g} Mbit/s: gloo sees {links[mbit]['mbit_seen']:.0f} Mbit/s, "
               f"latency {latency * 1e3:.2f} ms, wake-up {links[mbit]['wake_s'] * 1e3:.2f} ms", flush=True)
     return links

@@ -528,6 +528,12 @@ class AllReduceMeasurement:
     wake_up_s: float | None = None
 
     @property
+    def wake_s(self) -> float:
+        """What the probe reports as ``wake_s``: the late-joined all-reduce beyond the best
+        aligned one (0 unless ``wake_rounds`` were asked for)."""
+        return max(0.0, self.wake_up_s - min(self.seconds)) if self.wake_up_s is not None else 0.0
+
+    @property
     def median_s(self) -> float:
         return statistics.median(self.seconds)
 

@@ -588,7 +588,7 @@ def predict_step(
         encode = [e + cpu * ((b.round1_bytes > 0) + (b.gather_bytes > 0)) for e, b in zip(encode, loads)]
         between = [t + cpu * (b.round2_bytes > 0) for t, b in zip(between, loads)]
     backward = profile.backward_segments()
-    waits = profile.straggler_waits(world_size) if world_size > 1 else ()
+    waits = profile.straggler_waits(world_size)
     span = _simulate(backward, encode, between, decode, rounds, waits, link.wake_s if world_size > 1 else 0.0)
     compute = profile.forward_s + math.fsum(backward) + profile.optimizer_s
     step = profile.forward_s + span + profile.optimizer_s

@@ -60,6 +60,15 @@ def test_set_rate_changes_what_an_all_reduce_sees() -> None:
     assert slow.median_s >= 2 * fast.median_s
 
 
+def test_wake_up_rounds_time_a_late_joined_all_reduce_across_the_link() -> None:
+    with Testbed(hosts=2, mbit=200.0) as tb:
+        plain = measure_allreduce(tb, nbytes=4096, iters=3)
+        woken = measure_allreduce(tb, nbytes=4096, iters=3, wake_rounds=4)
+    assert plain.wake_up_s is None and plain.wake_s == 0.0
+    assert woken.wake_up_s is not None and 0 < woken.wake_up_s < 0.05  # a 4 kB all-reduce: milliseconds
+    assert woken.wake_s == max(0.0, woken.wake_up_s - min(woken.seconds))
+
+
 @pytest.mark.slow
 def test_three_hosts_share_a_switch_at_the_set_rate() -> None:
     with Testbed(hosts=3, mbit=150) as tb:
