@@ -571,6 +571,8 @@ def summarize(cell: Cell, raw: Mapping[str, Any]) -> dict[str, Any]:
     samples = workload.batch_size * cell.workers
     throughput = [samples / t for t in block_means]
     phase_s = {phase: statistics.fmean(s[phase] for s in measured) for phase in PHASES}
+    from workers.timing import compute_jitter_s
+
     return {
         # σ of one rank's compute per step: the cost model's straggler term (compressors.costmodel).
         "compute_jitter_s": compute_jitter_s(measured),
@@ -591,12 +593,6 @@ def summarize(cell: Cell, raw: Mapping[str, Any]) -> dict[str, Any]:
         "other_cpu_cores": raw.get("other_cpu_cores"), "rank0_cpu_share": raw.get("rank0_cpu_share"),
         "attempts": raw.get("attempts", 1),
     }
-
-
-def compute_jitter_s(steps: Sequence[Mapping[str, float]]) -> float:
-    """σ over steps of rank 0's compute (data + forward + backward less exposed communication)."""
-    samples = [s["data"] + s["forward"] + s["backward"] - s["exposed_comm"] for s in steps]
-    return statistics.stdev(samples) if len(samples) > 1 else 0.0
 
 
 def collective_cpu_s(fused: Cell, fused_raw: Mapping[str, Any], unfused: Cell, unfused_raw: Mapping[str, Any],

@@ -120,10 +120,9 @@ class AdaptiveController:
             self._step_profile = step_profile(telemetry.profile, self._candidates)
         if self.pinned:
             return Outcome(self.decision, False, "pinned")
-        if self._step_profile is None or telemetry.bandwidth_bytes_per_second is None:
-            return Outcome(self.decision, False, "waiting for a model profile and a bandwidth measurement")
         measurements = policy_measurements(telemetry, self._step_profile, self.current_spec)
-        assert measurements is not None
+        if measurements is None:
+            return Outcome(self.decision, False, "waiting for a model profile and a bandwidth measurement")
         verdict, self.state = decide(self.state, measurements, self.config, now)
         if isinstance(verdict, Switch):
             return Outcome(self._set(verdict.spec, verdict.reason, verdict.gain), True, verdict.reason)

@@ -490,11 +490,11 @@ def calibrate_codecs(shapes: list[tuple[int, ...]], buckets: Sequence[Sequence[i
                 elapsed += time.perf_counter() - started
             compressor.end_step()
             timed.append(elapsed)
-        best = statistics.median(timed[1:])
-        seconds[spec.label] = best
+        step_s = statistics.median(timed[1:])
+        seconds[spec.label] = step_s
         work = codec_work(spec, shapes, world_size)
         if work > 0:
-            per_element[name] = best / work
+            per_element[name] = step_s / work
     return seconds, per_element
 
 

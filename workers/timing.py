@@ -16,12 +16,20 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence
 
 import torch
 
 from compressors.sync import StepRecord
 from workers.protocol import ALL_PHASES, PHASES
+
+
+def compute_jitter_s(steps: Sequence[Mapping[str, float]]) -> float:
+    """Standard deviation over steps of forward + backward compute (backward less exposed
+    communication): how unevenly this rank reaches the step's last collective, which the cost
+    model turns into the wait for the slowest rank. 0 with fewer than 3 steps."""
+    samples = [s["forward"] + s["backward"] - s["exposed_comm"] for s in steps]
+    return statistics.stdev(samples) if len(samples) >= 3 else 0.0
 
 
 @dataclass(frozen=True)
@@ -91,11 +99,8 @@ class StepTimer:
         return {phase: sum(t.seconds[phase] for t in self.recent) / len(self.recent) for phase in ALL_PHASES}
 
     def compute_jitter_s(self) -> float:
-        """Standard deviation of forward + backward compute (backward less exposed
-        communication) over the window: how unevenly this rank reaches the step's last
-        collective, which the cost model turns into the wait for the slowest rank."""
-        samples = [t.seconds["forward"] + t.seconds["backward"] - t.seconds["exposed_comm"] for t in self.recent]
-        return statistics.stdev(samples) if len(samples) >= 3 else 0.0
+        """:func:`compute_jitter_s` over the window."""
+        return compute_jitter_s([t.seconds for t in self.recent])
 
     def mean_step_s(self) -> float:
         return sum(t.total_s for t in self.recent) / len(self.recent) if self.recent else 0.0

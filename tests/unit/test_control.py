@@ -262,23 +262,24 @@ def _quiet_control_logs(caplog):
 
 
 def test_the_reports_wake_up_and_jitter_reach_the_policys_prediction():
-    """The probe's wake-up cost and the timer's compute jitter enter the cost model through
-    the one helper both the worker and the coordinator use; each lengthens the prediction."""
-    from compressors.costmodel import alpha_beta_from_bandwidth, predict_step
-    from compressors.policy import _alpha
+    """The probe's wake-up cost and the timer's compute jitter enter the policy's prediction
+    through the one helper both the worker and the coordinator use; each lengthens it."""
+    from compressors.policy import Keep, PolicyConfig, PolicyState, decide
     from compressors.spec import make_spec
     from workers.adaptive import policy_measurements, step_profile
 
     profile = ModelProfile(shapes=[[512, 512], [512]], buckets=[[1, 0]], forward_s=0.01, backward_s=0.02)
     spec = make_spec("powersgd", rank=4)
     model = step_profile(profile, (spec,))
+    only_current = PolicyConfig(allowed=("powersgd",), min_rank=4, max_rank=4)
 
     def predicted(**fields: float) -> float:
         report = Telemetry(step=50, world_size=2, bandwidth_bytes_per_second=1e8, latency_seconds=2e-4, **fields)
         m = policy_measurements(report, model, spec)
         assert m is not None
-        link = alpha_beta_from_bandwidth(m.bandwidth_bytes_per_second, _alpha(m.latency_s, 2))._replace(wake_s=m.wake_s)
-        return predict_step(spec, m.profile, 2, link).step_s
+        verdict, _ = decide(PolicyState(), m, only_current, now=0.0)
+        assert isinstance(verdict, Keep) and verdict.predicted_step_s is not None
+        return verdict.predicted_step_s
 
     bare = predicted()
     # PowerSGD's two rounds each find the link idle (compute runs between them): two wake-ups.
