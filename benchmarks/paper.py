@@ -382,6 +382,23 @@ def rank_main(cell: Cell, rank: int, world: int, init: str, out: Path | None) ->
         dist.destroy_process_group()
 
 
+def codecs_main(workload_name: str, out: Path) -> None:
+    """Time our PowerSGD (25 MB buckets) and PyTorch's hook (one bucket) on a workload's
+    shapes, one CPU thread like a rank, on a one-process group (``compressor_cost``)."""
+    import torch
+
+    from benchmarks.compressor_cost import powersgd_codecs, single_process_group
+    from workers.models import parameter_shapes
+
+    torch.set_num_threads(1)
+    workload = WORKLOADS[workload_name]
+    shapes = parameter_shapes(workload.model, **workload.build_kwargs())
+    with single_process_group():
+        measured = powersgd_codecs(shapes, workload.rank, bucket_cap_bytes=25 * 1024 * 1024, label=workload_name)
+    out.write_text(json.dumps({"bucket_cap_mb": 25.0, "threads": 1,
+                               **{f"{name}_s": row["encode_decode_s"] for name, row in measured.items()}}))
+
+
 def _bytes_sent(hook: Any) -> float:
     return float(hook.bytes_sent if hasattr(hook, "bytes_sent") else hook.stats().bytes_sent)
 
@@ -478,6 +495,23 @@ class Runner:
             cached.parent.mkdir(parents=True, exist_ok=True)
             cached.write_text(json.dumps({"wake_s": m.wake_s, "rounds": rounds}))
         return m.wake_s
+
+    def isolated_codecs(self, workload: str) -> dict[str, float]:
+        """Encode+decode seconds of our PowerSGD and PyTorch's hook in the layouts the runs
+        use, measured apart from any communication (``codecs_main``). Cached."""
+        cached = self.cache_dir / f"codecs-{workload}.json" if self.cache_dir else None
+        if cached is not None and cached.exists():
+            return json.loads(cached.read_text())
+        with bench_lock(), tempfile.TemporaryDirectory(prefix="gw-codecs-") as tmp:
+            wait_for_quiet(self.quiet_cores, self.quiet_wait_s)
+            out = Path(tmp) / "codecs.json"
+            subprocess.run([sys.executable, "-u", str(Path(__file__).resolve()), "_codecs", "--workload", workload,
+                            "--out", str(out)], check=True, timeout=900, stdout=subprocess.DEVNULL)
+            result = json.loads(out.read_text())
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            cached.write_text(json.dumps(result))
+        return result
 
     def _attempt(self, cell: Cell, timeout_s: float) -> dict[str, Any]:
         from benchmarks.testbed import TestbedError, _collect, worker_env
@@ -988,6 +1022,9 @@ def main(argv: list[str] | None = None) -> int:
     rank_parser.add_argument("--world", type=int, required=True)
     rank_parser.add_argument("--init", required=True)
     rank_parser.add_argument("--out", type=Path)
+    codecs_parser = sub.add_parser("_codecs", help=argparse.SUPPRESS)
+    codecs_parser.add_argument("--workload", required=True, choices=list(WORKLOADS))
+    codecs_parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--quick", action="store_true",
                         help=f"ResNet-50 + BERT-Base, 2 workers, regimes (a) and (b) only, protocol "
                              f"{QUICK_PROTOCOL.warmup} warm-up + {QUICK_PROTOCOL.repeats}×{QUICK_PROTOCOL.iters}")
@@ -1025,6 +1062,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "_rank":
         rank_main(_cell_from_json(args.cell), args.rank, args.world, args.init, args.out)
         return 0
+    if args.cmd == "_codecs":
+        codecs_main(args.workload, args.out)
+        return 0
     return run_benchmark(args, argv)
 
 
@@ -1059,6 +1099,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
     results: list[dict[str, Any]] = []
     ablation_rows: list[dict[str, Any]] = []
     calibration: dict[str, Any] = {}
+    codecs: dict[str, dict[str, float]] = {}
     wake_s: dict[int, float] = {}
     regimes: dict[str, Any] = {}
     workloads: dict[str, Any] = {}
@@ -1099,6 +1140,10 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
                 print(f"          forward {c['forward_s']:.3f} s, backward {c['backward_s']:.3f} s, "
                       f"optimizer {c['optimizer_s']:.3f} s, host CPU per collective {c['collective_cpu_s'] * 1e3:.2f} ms",
                       flush=True)
+            codecs[model] = runner.isolated_codecs(model)
+            print(f"codecs {model} apart from communication: PowerSGD (25 MB buckets) "
+                  f"{codecs[model]['powersgd_s']:.3f} s, torch powerSGD_hook (one bucket) "
+                  f"{codecs[model]['torch_powersgd_s']:.3f} s", flush=True)
             for n in worker_counts[model]:
                 if n not in wake_s:
                     wake_s[n] = runner.wake_up_s(n)
@@ -1146,7 +1191,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
     finally:
         runner.close()
 
-    _add_codec_estimates(results + ablation_rows, cost)
+    _add_codec_estimates(results + ablation_rows, codecs, cost)
     for model in models:
         if "resnet50" == model and four:
             workloads[model]["bytes_4_workers"] = {m: wire_bytes(m, shapes[model], WORKLOADS[model].rank, 4) for m in METHODS}
@@ -1167,9 +1212,12 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
         "results": results,
         "ablations": ablation_rows,
         "calibration": calibration,
+        # Encode+decode apart from communication, in the runs' layouts (torch_powersgd's codec estimate).
+        "codec_calibration": codecs,
         # The probe's wake-up cost of a collective on an idle link, by worker count
         # (compressors.costmodel.Link.wake_s), measured at the calibration rate.
-        "host": {"wake_s": {str(n): w for n, w in wake_s.items()}},
+        # and the CPU cores the ranks share (4 ranks on 2 cores run their codecs at half speed).
+        "host": {"wake_s": {str(n): w for n, w in wake_s.items()}, "cpu_cores": len(os.sched_getaffinity(0))},
         "regimes": regimes,
         "workloads": workloads,
         "acceptance": accept,
@@ -1189,10 +1237,13 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
-def _add_codec_estimates(rows: list[dict[str, Any]], cost: Mapping[str, Any] | None) -> None:
+def _add_codec_estimates(rows: list[dict[str, Any]], codecs: Mapping[str, Mapping[str, float]],
+                         cost: Mapping[str, Any] | None) -> None:
     """For torch_powersgd rows (whose codec cannot be separated from communication inside
-    PyTorch's hook): our PowerSGD's measured codec on the same model × compressor_cost.json's
-    torch/ours ratio. Other rows: their own measured codec."""
+    PyTorch's hook): our PowerSGD's codec measured in the runs on the same model × the
+    torch/ours ratio measured apart from communication in the runs' layouts (``codecs``;
+    compressor_cost.json's 25 MB-bucket ratio where a model has none). Other rows: their own
+    measured codec."""
     for row in rows:
         row["codec_estimate_s"] = row["codec_s"]
         if row["method"] != "torch_powersgd":
@@ -1200,9 +1251,13 @@ def _add_codec_estimates(rows: list[dict[str, Any]], cost: Mapping[str, Any] | N
         ours = [r["codec_s"] for r in rows if r["model"] == row["model"] and r["method"] == "powersgd"
                 and r["workers"] == row["workers"] and (r.get("rank") == row.get("rank"))]
         ratio = 1.0
+        isolated = codecs.get(row["model"])
         ref = (cost or {}).get("bert-base" if row["model"].startswith("bert") else "resnet50", {})
-        if ref.get("powersgd") and ref.get("torch_powersgd"):
+        if isolated:
+            ratio = isolated["torch_powersgd_s"] / isolated["powersgd_s"]
+        elif ref.get("powersgd") and ref.get("torch_powersgd"):
             ratio = ref["torch_powersgd"]["encode_decode_s"] / ref["powersgd"]["encode_decode_s"]
+        row["codec_ratio_to_powersgd"] = ratio
         row["codec_estimate_s"] = statistics.fmean(ours) * ratio if ours else 0.0
 
 

@@ -315,18 +315,30 @@ def _shapes_for(row: Mapping[str, Any], paper: Mapping[str, Any]) -> list[tuple[
     return [tuple(s) for s in paper["workloads"][row["model"]]["shapes"]]
 
 
+def codec_share_factor(workers: int, cpu_cores: int | None) -> float:
+    """Wall seconds per CPU second of a codec on the measuring host.
+
+    The runs time codecs as CPU time (``compressors.sync``), and the ranks run theirs at
+    about the same moment (their collectives keep them in step), so N ranks on C < N cores
+    get C/N of a core each: 4 ranks on this machine's 2 cores take twice as long. Compute
+    needs no such factor: it is measured in wall time, at the same worker count.
+    """
+    return max(1.0, workers / cpu_cores) if cpu_cores else 1.0
+
+
 def validate(paper: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Re-predict every real run in ``paper.json`` with the cost model; error per run.
 
     Inputs per run: the model's calibrated compute (forward incl. data, backward compute,
     optimizer), per-parameter ready times and host CPU per collective, the run's own measured
     link (α, β from its probe; the testbed's wake-up cost), compute jitter and encode+decode
-    seconds, its bucket cap and pipelining flag.
+    seconds (× :func:`codec_share_factor`), its bucket cap and pipelining flag.
     """
     out = []
     rows = list(paper.get("results", [])) + list(paper.get("ablations", []))
     links = _links_by_setting(rows)
-    wake = (paper.get("host") or {}).get("wake_s", {})
+    host = paper.get("host") or {}
+    wake = host.get("wake_s", {})
     for row in rows:
         workload = paper["workloads"].get(row["model"])
         calib = (paper.get("calibration") or {}).get(f"{row['model']}/{row['workers']}")
@@ -336,11 +348,12 @@ def validate(paper: Mapping[str, Any]) -> list[dict[str, Any]]:
         compute = Compute(calib["forward_s"], calib["backward_s"], calib["optimizer_s"],
                           ready_s=tuple(calib["ready_s"]) if calib.get("ready_s") else None,
                           jitter_s=row.get("compute_jitter_s", 0.0), collective_cpu_s=calib.get("collective_cpu_s", 0.0))
-        codec = CodecCost(step_s=max(0.0, row["phase_s"].get("compress", 0.0) + row["phase_s"].get("decompress", 0.0)))
+        codec_s = max(0.0, row["phase_s"].get("compress", 0.0) + row["phase_s"].get("decompress", 0.0))
         if row["method"] == "torch_powersgd":
-            # Its hook's whole run (encode, both rounds, decode) is one timed span; take the
-            # codec from compressor_cost's torch/ours ratio times our measured PowerSGD codec.
-            codec = CodecCost(step_s=row.get("codec_estimate_s", 0.0))
+            # Its hook's whole run (encode, both rounds, decode) is one timed span: paper.py
+            # estimates its codec as our PowerSGD's × the torch/ours ratio measured apart.
+            codec_s = row.get("codec_estimate_s", 0.0)
+        codec = CodecCost(step_s=codec_s * codec_share_factor(row["workers"], host.get("cpu_cores")))
         pred = predict(row["method"], _shapes_for(row, paper), compute, row["workers"], link,
                        rank=row.get("rank") or workload["rank"], codec=codec,
                        bucket_cap_mb=row["bucket_cap_mb"], pipelining=row.get("pipelining", True))

@@ -44,3 +44,26 @@ def test_c_is_judged_on_the_fastest_fused_buffer_of_the_sweep() -> None:
     assert c["tuned"]["bucket_cap_mb"] == 1.0 and c["tuned"]["share"] == pytest.approx(0.026 / 0.30)
     assert c["pass"] and result["c_pass"]
     assert c["share"] == pytest.approx(0.057 / 0.35)  # the default buffer's figure stays reported
+
+
+def test_torch_hook_codec_estimate_uses_the_ratio_measured_in_its_own_layout() -> None:
+    """Our PowerSGD's codec in the runs × the torch/ours ratio measured apart for that model;
+    compressor_cost.json's ratio only where a model has no measurement of its own."""
+    from benchmarks.paper import _add_codec_estimates
+
+    def rows() -> list[dict[str, Any]]:
+        return [
+            {"model": "resnet152", "method": "powersgd", "workers": 2, "rank": 4, "codec_s": 0.2},
+            {"model": "resnet152", "method": "powersgd", "workers": 2, "rank": 4, "codec_s": 0.3},
+            {"model": "resnet152", "method": "torch_powersgd", "workers": 2, "rank": 4, "codec_s": 0.07},
+            {"model": "resnet152", "method": "powersgd", "workers": 4, "rank": 4, "codec_s": 9.0},  # other N
+        ]
+
+    cost = {"resnet50": {"powersgd": {"encode_decode_s": 1.0}, "torch_powersgd": {"encode_decode_s": 1.2}}}
+    measured = rows()
+    _add_codec_estimates(measured, {"resnet152": {"powersgd_s": 0.2, "torch_powersgd_s": 0.36}}, cost)
+    assert measured[2]["codec_estimate_s"] == pytest.approx(0.25 * 1.8)
+    assert measured[0]["codec_estimate_s"] == 0.2  # our own rows keep their measured codec
+    fallback = rows()
+    _add_codec_estimates(fallback, {}, cost)
+    assert fallback[2]["codec_estimate_s"] == pytest.approx(0.25 * 1.2)

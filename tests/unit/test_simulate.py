@@ -20,6 +20,7 @@ from benchmarks.simulate import (  # noqa: E402
     NETWORKS,
     Compute,
     bucket_segments,
+    codec_share_factor,
     layout_for,
     predict,
     scale_grid,
@@ -118,3 +119,41 @@ def test_validation_reproduces_a_run_the_model_describes_exactly() -> None:
     }
     rows = validate(paper)
     assert len(rows) == 1 and rows[0]["error"] == pytest.approx(0.0, abs=1e-9)
+
+
+def _one_run_paper(workers: int, cpu_cores: int | None, codec_s: float, iter_s: float) -> dict:
+    shapes = [[64, 32], [64], [128, 64]]
+    return {
+        "workloads": {"toy": {"shapes": shapes, "rank": 4}},
+        "calibration": {f"toy/{workers}": {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s": 0.001, "ready_s": None}},
+        "host": {"cpu_cores": cpu_cores} if cpu_cores else {},
+        "results": [{"model": "toy", "method": "signsgd", "workers": workers, "mbit": 100.0, "bucket_cap_mb": 25.0,
+                     "pipelining": True, "rank": None, "iter_s": iter_s, "exposed_comm_s": 0.0,
+                     "phase_s": {"compress": codec_s / 2, "decompress": codec_s / 2},
+                     "link": {"alpha_s": 1e-4, "beta_s_per_byte": 8 / 100e6}}],
+    }
+
+
+def test_codecs_of_more_ranks_than_cores_take_proportionally_longer() -> None:
+    """4 ranks on 2 cores: each codec CPU second takes two wall seconds; 2 ranks: one."""
+    assert codec_share_factor(4, 2) == 2.0
+    assert codec_share_factor(2, 2) == 1.0
+    assert codec_share_factor(2, 16) == 1.0
+    assert codec_share_factor(4, None) == 1.0  # cores not recorded: no correction
+    shapes = [[64, 32], [64], [128, 64]]
+    link = Link(alpha=1e-4, beta=8 / 100e6)
+    shared = predict("signsgd", shapes, Compute(0.01, 0.02, 0.001), 4, link, codec=CodecCost(0.006)).step_s
+    [row] = validate(_one_run_paper(4, 2, codec_s=0.003, iter_s=shared))
+    assert row["error"] == pytest.approx(0.0, abs=1e-9)
+    [uncorrected] = validate(_one_run_paper(4, None, codec_s=0.003, iter_s=shared))
+    assert uncorrected["predicted_s"] < row["predicted_s"]
+
+
+def test_torch_hook_runs_are_predicted_with_paper_py_codec_estimate() -> None:
+    """The hook's codec cannot be timed in its run: the validation takes paper.py's estimate."""
+    paper = _one_run_paper(2, 2, codec_s=0.0, iter_s=1.0)
+    paper["results"][0].update(method="torch_powersgd", rank=4, bucket_cap_mb=10_000.0, codec_estimate_s=0.0)
+    [cheap] = validate(paper)
+    paper["results"][0]["codec_estimate_s"] = 0.05
+    [costly] = validate(paper)
+    assert costly["predicted_s"] - cheap["predicted_s"] == pytest.approx(0.05, rel=1e-6)
