@@ -61,7 +61,7 @@ from workers.probe import (
     sized_probe,
 )
 from workers.protocol import Decision, ModelProfile, Telemetry, TrainConfig
-from workers.timing import StepTimer
+from workers.timing import StepTimer, codec_clock
 
 log = logging.getLogger(__name__)
 
@@ -435,7 +435,8 @@ class _Reporter:
         # always sets it, so every bucket (the first too) has the same cap.
         buckets = build_bucket_layout(shapes, self.cfg.bucket_cap_mb * 2**20, first_bucket_bytes=None)
         if self.cfg.compression.mode == "adaptive" and not self.calibration:
-            self.calibration, self.per_element = calibrate_codecs(shapes, buckets, self.cfg, self.env.world_size)
+            self.calibration, self.per_element = calibrate_codecs(shapes, buckets, self.cfg, self.env.world_size,
+                                                                  self.env.device)
         return ModelProfile(
             shapes=[list(s) for s in shapes],
             buckets=[list(b) for b in buckets],
@@ -458,19 +459,23 @@ def _version(source: DecisionSource) -> int:
 
 
 def calibrate_codecs(shapes: list[tuple[int, ...]], buckets: Sequence[Sequence[int]], cfg: TrainConfig,
-                     world_size: int) -> tuple[dict[str, float], dict[str, float]]:
-    """Time one step's encode+decode of each compressor family on this device, at world size 1.
+                     world_size: int, device: torch.device | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """Time one step's encode+decode of each compressor family on ``device`` (the worker's;
+    default CPU), at world size 1.
 
     Bucket by bucket, in the job's DDP layout (each bucket's fixed costs count, as in the
     hook), the median of three timed steps after one warm-up (the first run also warms
-    PowerSGD's factors). Returns (seconds by label, seconds per element pass by compressor
+    PowerSGD's factors), read with :func:`workers.timing.codec_clock` (on CPU the hook's own
+    clock, thread CPU time). Returns (seconds by label, seconds per element pass by compressor
     name); the cost model scales the per-element figure to the ranks and ratios not timed.
     """
+    device = device or torch.device("cpu")
+    clock = codec_clock(device)
     rank = max(cfg.compression.min_rank, min(4, cfg.compression.max_rank))
     allowed = cfg.compression.allowed or ["none", "fp16", "bf16", "signsgd", "topk", "powersgd", "acpsgd"]
     seconds: dict[str, float] = {}
     per_element: dict[str, float] = {}
-    grads = [torch.randn(shape) for shape in shapes]
+    grads = [torch.randn(shape, device=device) for shape in shapes]
     for name in allowed:
         params = {"rank": rank} if name in ("powersgd", "acpsgd") else {}
         spec = make_spec(name, **params)
@@ -485,9 +490,9 @@ def calibrate_codecs(shapes: list[tuple[int, ...]], buckets: Sequence[Sequence[i
                     size = math.prod(shapes[index])
                     slots.append(GradSlot(key=f"p{index}", grad=buffer[offset:offset + size].view(shapes[index]), offset=offset))
                     offset += size
-                started = time.perf_counter()
+                started = clock()
                 run_in_lockstep([compressor.process(buffer, slots, 1)])
-                elapsed += time.perf_counter() - started
+                elapsed += clock() - started
             compressor.end_step()
             timed.append(elapsed)
         step_s = statistics.median(timed[1:])

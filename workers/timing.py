@@ -16,7 +16,7 @@ import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -30,6 +30,23 @@ def compute_jitter_s(steps: Sequence[Mapping[str, float]]) -> float:
     model turns into the wait for the slowest rank. 0 with fewer than 3 steps."""
     samples = [s["forward"] + s["backward"] - s["exposed_comm"] for s in steps]
     return statistics.stdev(samples) if len(samples) >= 3 else 0.0
+
+
+def codec_clock(device: torch.device) -> Callable[[], float]:
+    """The clock a codec is timed with on ``device``, in seconds.
+
+    CPU: this thread's CPU time, the clock of the communication hook's own codec timing
+    (``compressors.sync``), so a calibration and a run's telemetry agree; wall time would
+    count another thread's slices of a shared core. CUDA: kernels run asynchronously, so the
+    clock waits for the device, then reads wall time (for calibrations, never inside a step).
+    """
+    if device.type == "cuda":
+        def device_wall() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+
+        return device_wall
+    return time.thread_time
 
 
 @dataclass(frozen=True)

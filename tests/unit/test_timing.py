@@ -13,7 +13,7 @@ import torch
 
 from compressors.sync import StepRecord
 from workers.protocol import ALL_PHASES, HOOK_PHASES, PHASES
-from workers.timing import StepTimer
+from workers.timing import StepTimer, codec_clock
 
 CPU = torch.device("cpu")
 
@@ -94,3 +94,19 @@ def test_a_step_does_not_leak_phases_into_the_next():
         pass
     second = timer.end_step(1, None)
     assert second.seconds["data"] == 0.0
+
+
+def test_the_cpu_codec_clock_counts_this_threads_work_not_waiting():
+    """Codecs are timed as this thread's CPU time, as the hook does: a sleep (another thread
+    holding the core) adds nothing, work does."""
+    clock = codec_clock(CPU)
+    before = clock()
+    time.sleep(0.2)
+    slept = clock() - before
+    before = clock()
+    deadline = time.perf_counter() + 0.1
+    while time.perf_counter() < deadline:
+        pass
+    busy = clock() - before
+    assert slept < 0.05
+    assert busy > slept
