@@ -79,8 +79,6 @@ COMPRESSOR_OF = {"ssgd": "none", "signsgd": "signsgd", "topk": "topk", "powersgd
 TOPK_RATIO = 0.01
 LOCK_PATH = "/tmp/gradwire-bench.lock"
 TORCH_ONE_BUCKET_MB = 10_000.0
-#: PyTorch's hook needs >= 2 uncompressed iterations with error feedback / warm start.
-TORCH_START_ITER = 2
 #: gloo on the testbed sees 3-10 % less than the tc rate (headers, ring): used to pick rates.
 LINK_EFFICIENCY = 0.94
 A_RATIO = 4.0  # regime (a): S-SGD communication ≈ 4× compute (acceptance asks for >= 3×)
@@ -208,14 +206,12 @@ class _TorchPowerSGD:
 
     def __init__(self, ddp: Any, rank: int, seed: int) -> None:
         import torch.distributed as dist
-        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
+        from benchmarks.compressor_cost import torch_powersgd_state
         from compressors.sync import StepRecord
 
         self._record_type = StepRecord
-        self.state = PowerSGDState(process_group=None, matrix_approximation_rank=rank,
-                                   start_powerSGD_iter=TORCH_START_ITER, min_compression_rate=2,
-                                   use_error_feedback=True, warm_start=True, random_seed=seed)
+        self.state = torch_powersgd_state(rank, seed)
         self.bytes_sent = 0
         self._current: Any = None
         self._last: Any = None
@@ -376,10 +372,15 @@ def rank_main(cell: Cell, rank: int, world: int, init: str, out: Path | None) ->
                 "link": link.to_dict(), "final_loss": float(final_loss) / world,
                 "loadavg": [load_start, os.getloadavg()[0]], "rank0_cpu_share": cpu_share,
                 "shapes": [list(p.shape) for p in model.parameters()],
+                "cpu_cores": len(os.sched_getaffinity(0)),
             }))
         dist.barrier()  # a comm hook is registered: peers must not tear down mid-collective
     finally:
         dist.destroy_process_group()
+
+
+#: The bucket cap our PowerSGD's codec is measured in apart from communication: the grid's.
+CODEC_BUCKET_CAP_MB = Cell.__dataclass_fields__["bucket_cap_mb"].default
 
 
 def codecs_main(workload_name: str, out: Path) -> None:
@@ -394,8 +395,9 @@ def codecs_main(workload_name: str, out: Path) -> None:
     workload = WORKLOADS[workload_name]
     shapes = parameter_shapes(workload.model, **workload.build_kwargs())
     with single_process_group():
-        measured = powersgd_codecs(shapes, workload.rank, bucket_cap_bytes=25 * 1024 * 1024, label=workload_name)
-    out.write_text(json.dumps({"bucket_cap_mb": 25.0, "threads": 1,
+        measured = powersgd_codecs(shapes, workload.rank, bucket_cap_bytes=CODEC_BUCKET_CAP_MB * 2**20,
+                                   label=workload_name)
+    out.write_text(json.dumps({"bucket_cap_mb": CODEC_BUCKET_CAP_MB, "rank": workload.rank, "threads": 1,
                                **{f"{name}_s": row["encode_decode_s"] for name, row in measured.items()}}))
 
 
@@ -499,7 +501,9 @@ class Runner:
     def isolated_codecs(self, workload: str) -> dict[str, float]:
         """Encode+decode seconds of our PowerSGD and PyTorch's hook in the layouts the runs
         use, measured apart from any communication (``codecs_main``). Cached."""
-        cached = self.cache_dir / f"codecs-{workload}.json" if self.cache_dir else None
+        settings = {"workload": asdict(WORKLOADS[workload]), "bucket_cap_mb": CODEC_BUCKET_CAP_MB}
+        key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
+        cached = self.cache_dir / f"codecs-{workload}-{key}.json" if self.cache_dir else None
         if cached is not None and cached.exists():
             return json.loads(cached.read_text())
         with bench_lock(), tempfile.TemporaryDirectory(prefix="gw-codecs-") as tmp:
@@ -626,6 +630,7 @@ def summarize(cell: Cell, raw: Mapping[str, Any]) -> dict[str, Any]:
         "final_loss": raw["final_loss"], "loadavg": raw.get("loadavg"), "elapsed_s": raw.get("elapsed_s"),
         "other_cpu_cores": raw.get("other_cpu_cores"), "rank0_cpu_share": raw.get("rank0_cpu_share"),
         "attempts": raw.get("attempts", 1),
+        "cpu_cores": raw.get("cpu_cores"),
     }
 
 
@@ -1215,8 +1220,9 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
         # Encode+decode apart from communication, in the runs' layouts (torch_powersgd's codec estimate).
         "codec_calibration": codecs,
         # The probe's wake-up cost of a collective on an idle link, by worker count
-        # (compressors.costmodel.Link.wake_s), measured at the calibration rate.
-        # and the CPU cores the ranks share (4 ranks on 2 cores run their codecs at half speed).
+        # (compressors.costmodel.Link.wake_s), measured at the calibration rate. The CPU cores
+        # the ranks share (4 ranks on 2 run codecs at half speed): each run records its own
+        # (`cpu_cores`); this machine's count stands in for runs cached before they did.
         "host": {"wake_s": {str(n): w for n, w in wake_s.items()}, "cpu_cores": len(os.sched_getaffinity(0))},
         "regimes": regimes,
         "workloads": workloads,
@@ -1248,10 +1254,14 @@ def _add_codec_estimates(rows: list[dict[str, Any]], codecs: Mapping[str, Mappin
         row["codec_estimate_s"] = row["codec_s"]
         if row["method"] != "torch_powersgd":
             continue
-        ours = [r["codec_s"] for r in rows if r["model"] == row["model"] and r["method"] == "powersgd"
-                and r["workers"] == row["workers"] and (r.get("rank") == row.get("rank"))]
-        ratio = 1.0
         isolated = codecs.get(row["model"])
+        same = [r for r in rows if r["model"] == row["model"] and r["method"] == "powersgd"
+                and r["workers"] == row["workers"] and r.get("rank") == row.get("rank")]
+        # The ratio is measured in the grid's layout: ours from runs in that layout, where any.
+        in_layout = [r for r in same if r.get("pipelining", True)
+                     and r["bucket_cap_mb"] == (isolated or {}).get("bucket_cap_mb", CODEC_BUCKET_CAP_MB)]
+        ours = [r["codec_s"] for r in (in_layout or same)]
+        ratio = 1.0
         ref = (cost or {}).get("bert-base" if row["model"].startswith("bert") else "resnet50", {})
         if isolated:
             ratio = isolated["torch_powersgd_s"] / isolated["powersgd_s"]

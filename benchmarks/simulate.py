@@ -9,10 +9,13 @@ order, one compute stream, one link, PowerSGD's two dependent rounds) is fed her
   run, when each parameter's gradient becomes ready during backward; those ready times are
   summed into whatever bucket layout a method uses (the paper-scale predictions keep the
   measured *shape* of backward and scale it to an assumed GPU total, see below);
-* **measured encode/decode time**: each real run's own ``compress + decompress`` seconds for
-  the validation, and ``benchmarks/results/compressor_cost.json`` (same parameter shapes as
-  the paper: ResNet-50 rank 4, BERT-Base rank 32) turned into seconds per element pass for the
-  paper-scale predictions, so the N-dependent decode of the all-gather methods scales;
+* **measured encode/decode time**: each real run's own ``compress + decompress`` CPU seconds
+  for the validation (× :func:`codec_share_factor` where ranks outnumber cores; PyTorch's
+  hook, whose codec cannot be timed in its run, by ``paper.py``'s estimate: our PowerSGD's ×
+  the torch/ours ratio measured apart in the runs' layouts), and
+  ``benchmarks/results/compressor_cost.json`` (same parameter shapes as the paper: ResNet-50
+  rank 4, BERT-Base rank 32) turned into seconds per element pass for the paper-scale
+  predictions, so the N-dependent decode of the all-gather methods scales;
 * **measured links**: α and β fitted in every real run (``workers.probe.probe_link``).
 
 It does two things:
@@ -318,10 +321,11 @@ def _shapes_for(row: Mapping[str, Any], paper: Mapping[str, Any]) -> list[tuple[
 def codec_share_factor(workers: int, cpu_cores: int | None) -> float:
     """Wall seconds per CPU second of a codec on the measuring host.
 
-    The runs time codecs as CPU time (``compressors.sync``), and the ranks run theirs at
-    about the same moment (their collectives keep them in step), so N ranks on C < N cores
-    get C/N of a core each: 4 ranks on this machine's 2 cores take twice as long. Compute
-    needs no such factor: it is measured in wall time, at the same worker count.
+    The runs time codecs as CPU time (``compressors.sync``), and the ranks (one CPU thread
+    each, as ``paper.py`` runs them) run theirs at about the same moment (their collectives
+    keep them in step), so N ranks on C < N cores get C/N of a core each: 4 ranks on this
+    machine's 2 cores take twice as long. Compute needs no such factor: it is measured in
+    wall time, at the same worker count.
     """
     return max(1.0, workers / cpu_cores) if cpu_cores else 1.0
 
@@ -353,7 +357,8 @@ def validate(paper: Mapping[str, Any]) -> list[dict[str, Any]]:
             # Its hook's whole run (encode, both rounds, decode) is one timed span: paper.py
             # estimates its codec as our PowerSGD's × the torch/ours ratio measured apart.
             codec_s = row.get("codec_estimate_s", 0.0)
-        codec = CodecCost(step_s=codec_s * codec_share_factor(row["workers"], host.get("cpu_cores")))
+        cores = row.get("cpu_cores") or host.get("cpu_cores")  # the run's own; else the report's machine
+        codec = CodecCost(step_s=codec_s * codec_share_factor(row["workers"], cores))
         pred = predict(row["method"], _shapes_for(row, paper), compute, row["workers"], link,
                        rank=row.get("rank") or workload["rank"], codec=codec,
                        bucket_cap_mb=row["bucket_cap_mb"], pipelining=row.get("pipelining", True))

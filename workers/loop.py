@@ -475,7 +475,8 @@ def calibrate_codecs(shapes: list[tuple[int, ...]], buckets: Sequence[Sequence[i
     allowed = cfg.compression.allowed or ["none", "fp16", "bf16", "signsgd", "topk", "powersgd", "acpsgd"]
     seconds: dict[str, float] = {}
     per_element: dict[str, float] = {}
-    grads = [torch.randn(shape, device=device) for shape in shapes]
+    generator = torch.Generator(device=device).manual_seed(0)  # leaves the training's RNG streams alone
+    grads = [torch.randn(shape, device=device, generator=generator) for shape in shapes]
     for name in allowed:
         params = {"rank": rank} if name in ("powersgd", "acpsgd") else {}
         spec = make_spec(name, **params)

@@ -280,11 +280,11 @@ def wake_up_seconds(tensor: "torch.Tensor", process_group: "dist.ProcessGroup | 
     seconds = []
     for round_ in range(rounds):
         dist.barrier(group=process_group)
-        _synchronize(device)
+        synchronize(device)
         start = time.perf_counter()
         _spin(spin_s if rank == round_ % world else spin_s / 2)
         dist.all_reduce(tensor, group=process_group)
-        _synchronize(device)
+        synchronize(device)
         seconds.append(time.perf_counter() - start - spin_s)
     return max(0.0, statistics.fmean(seconds))
 
@@ -331,18 +331,20 @@ def _timed_all_reduce(tensor: "torch.Tensor", process_group: "dist.ProcessGroup 
     import torch.distributed as dist
 
     dist.barrier(group=process_group)
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     dist.all_reduce(tensor, group=process_group)
-    _synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 
-def _synchronize(device: "torch.device") -> None:
+def synchronize(device: "torch.device") -> None:
+    """Wait for ``device``'s queued work (kernels run asynchronously on accelerators), so a
+    wall-clock reading after it includes that work. Nothing to wait for on CPU."""
     import torch
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
 
 
 # --------------------------------------------------------------------------- when to probe

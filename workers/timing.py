@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 
 from compressors.sync import StepRecord
+from workers.probe import synchronize
 from workers.protocol import ALL_PHASES, PHASES
 
 
@@ -37,16 +38,17 @@ def codec_clock(device: torch.device) -> Callable[[], float]:
 
     CPU: this thread's CPU time, the clock of the communication hook's own codec timing
     (``compressors.sync``), so a calibration and a run's telemetry agree; wall time would
-    count another thread's slices of a shared core. CUDA: kernels run asynchronously, so the
+    count another thread's slices of a shared core. GPU: kernels run asynchronously, so the
     clock waits for the device, then reads wall time (for calibrations, never inside a step).
     """
-    if device.type == "cuda":
-        def device_wall() -> float:
-            torch.cuda.synchronize(device)
-            return time.perf_counter()
+    if device.type == "cpu":
+        return time.thread_time
 
-        return device_wall
-    return time.thread_time
+    def device_wall() -> float:
+        synchronize(device)
+        return time.perf_counter()
+
+    return device_wall
 
 
 @dataclass(frozen=True)

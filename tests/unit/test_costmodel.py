@@ -336,18 +336,3 @@ def test_costmodel_and_policy_do_not_import_torch():
     code = "import compressors.costmodel, compressors.policy, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
-
-def test_codec_calibration_times_every_allowed_compressor_in_the_jobs_layout():
-    """The worker's calibration: seconds per step for each allowed family, and seconds per
-    element pass that reproduce them through the cost model's work formula."""
-    from workers.loop import calibrate_codecs
-    from workers.protocol import TrainConfig
-
-    shapes = [(64, 32), (64,), (128, 64), (10, 128)]
-    buckets = build_bucket_layout(shapes, 20_000, first_bucket_bytes=None)
-    cfg = TrainConfig.model_validate({"compression": {"mode": "adaptive", "allowed": ["none", "signsgd", "acpsgd"]}})
-    seconds, per_element = calibrate_codecs(shapes, buckets, cfg, world_size=4)
-    assert set(seconds) == {make_spec("none").label, make_spec("signsgd").label, make_spec("acpsgd", rank=4).label}
-    assert all(s > 0 for s in seconds.values())
-    acp = make_spec("acpsgd", rank=4)
-    assert per_element["acpsgd"] * codec_work(acp, shapes, 4) == pytest.approx(seconds[acp.label])

@@ -51,17 +51,23 @@ def test_torch_hook_codec_estimate_uses_the_ratio_measured_in_its_own_layout() -
     compressor_cost.json's ratio only where a model has no measurement of its own."""
     from benchmarks.paper import _add_codec_estimates
 
+    def psgd(codec_s: float, *, workers: int = 2, cap: float = 25.0, pipelining: bool = True) -> dict[str, Any]:
+        return {"model": "resnet152", "method": "powersgd", "workers": workers, "rank": 4, "codec_s": codec_s,
+                "bucket_cap_mb": cap, "pipelining": pipelining}
+
     def rows() -> list[dict[str, Any]]:
         return [
-            {"model": "resnet152", "method": "powersgd", "workers": 2, "rank": 4, "codec_s": 0.2},
-            {"model": "resnet152", "method": "powersgd", "workers": 2, "rank": 4, "codec_s": 0.3},
-            {"model": "resnet152", "method": "torch_powersgd", "workers": 2, "rank": 4, "codec_s": 0.07},
-            {"model": "resnet152", "method": "powersgd", "workers": 4, "rank": 4, "codec_s": 9.0},  # other N
+            psgd(0.2), psgd(0.3),
+            {"model": "resnet152", "method": "torch_powersgd", "workers": 2, "rank": 4, "codec_s": 0.07,
+             "bucket_cap_mb": 10_000.0, "pipelining": True},
+            psgd(9.0, workers=4),  # another world size
+            psgd(5.0, cap=1000.0), psgd(5.0, pipelining=False),  # ablations: not the ratio's layout
         ]
 
     cost = {"resnet50": {"powersgd": {"encode_decode_s": 1.0}, "torch_powersgd": {"encode_decode_s": 1.2}}}
     measured = rows()
-    _add_codec_estimates(measured, {"resnet152": {"powersgd_s": 0.2, "torch_powersgd_s": 0.36}}, cost)
+    isolated = {"resnet152": {"powersgd_s": 0.2, "torch_powersgd_s": 0.36, "bucket_cap_mb": 25.0}}
+    _add_codec_estimates(measured, isolated, cost)
     assert measured[2]["codec_estimate_s"] == pytest.approx(0.25 * 1.8)
     assert measured[0]["codec_estimate_s"] == 0.2  # our own rows keep their measured codec
     fallback = rows()
