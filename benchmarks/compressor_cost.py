@@ -36,6 +36,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from compressors import GradientSync, build
 from compressors.costmodel import DDP_FIRST_BUCKET_BYTES, build_bucket_layout
 from workers.models import parameter_shapes
+from workers.probe import synchronize
 
 WORKLOADS = {"resnet50": ("resnet50", 4), "bert-base": ("bert-base", 32)}
 OUR_METHODS = ("none", "fp16", "bf16", "signsgd", "topk", "powersgd", "acpsgd")
@@ -82,6 +83,7 @@ class Workload:
     params: list[torch.nn.Parameter]
     buckets: list[Bucket]
     source: list[torch.Tensor]  # fresh random gradients, copied in before each step
+    device: torch.device = torch.device("cpu")
 
     def refill(self) -> None:
         for bucket, grads in zip(self.buckets, self.source):
@@ -90,19 +92,21 @@ class Workload:
 
 def make_workload(name: str, shapes: Sequence[tuple[int, ...]], rank: int, *,
                   bucket_cap_bytes: float = BUCKET_CAP_BYTES, first_bucket_bytes: float | None = DDP_FIRST_BUCKET_BYTES,
-                  seed: int = 0) -> Workload:
+                  seed: int = 0, device: torch.device = torch.device("cpu")) -> Workload:
     """Random gradients of ``shapes`` in DDP-like buckets of ``bucket_cap_bytes`` (the first
-    one ``first_bucket_bytes``: DDP's default 1 MiB; None when a job sets its cap, as paper.py)."""
+    one ``first_bucket_bytes``: DDP's default 1 MiB; None when a job sets its cap, as paper.py),
+    on ``device``."""
     shapes = [tuple(int(d) for d in shape) for shape in shapes]
     generator = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.empty(shape)) for shape in shapes]
+    params = [torch.nn.Parameter(torch.empty(shape, device=device)) for shape in shapes]
     layout = build_bucket_layout(shapes, bucket_cap_bytes, first_bucket_bytes)
     buckets, source = [], []
     for index, members in enumerate(layout):
         size = sum(math.prod(shapes[i]) for i in members)
-        buckets.append(Bucket(index, torch.empty(size), [params[i] for i in members], index == len(layout) - 1))
-        source.append(torch.randn(size, generator=generator))
-    return Workload(name, rank, shapes, params, buckets, source)
+        buckets.append(Bucket(index, torch.empty(size, device=device), [params[i] for i in members],
+                              index == len(layout) - 1))
+        source.append(torch.randn(size, generator=generator).to(device))
+    return Workload(name, rank, shapes, params, buckets, source, device)
 
 
 HookStep = Callable[[], None]
@@ -210,8 +214,10 @@ def measure(cases: Mapping[str, Case], warmup: int, steps: int, label: str = "co
             case.workload.refill()
             sent_before = case.sync.stats().bytes_sent if case.sync is not None else 0
             with ByteCounter() as counter:
+                synchronize(case.workload.device)  # GPU: time the kernels, not their launches
                 started = time.perf_counter()
                 case.step()
+                synchronize(case.workload.device)
                 elapsed = time.perf_counter() - started
             sent = case.sync.stats().bytes_sent - sent_before if case.sync is not None else counter.bytes
             if round_index >= warmup:
@@ -233,10 +239,13 @@ ONE_BUCKET_BYTES = float("inf")
 
 
 @contextlib.contextmanager
-def single_process_group() -> Iterator[None]:
-    """A one-process gloo group: the hooks' collectives run, and cost next to nothing.
-    An in-memory store: no port, no environment variables."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+def single_process_group(device: torch.device = torch.device("cpu")) -> Iterator[None]:
+    """A one-process group (gloo on CPU, NCCL on a GPU): the hooks' collectives run, and cost
+    next to nothing. An in-memory store: no port, no environment variables."""
+    if device.type == "cuda":
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+    else:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield
     finally:
@@ -258,6 +267,19 @@ def powersgd_codecs(shapes: Sequence[tuple[int, ...]], rank: int, *, bucket_cap_
                                                   first_bucket_bytes=None), "torch_powersgd"),
     }
     return measure(cases, warmup, steps, label)
+
+
+def measure_workloads(names: Sequence[str], methods: Sequence[str], warmup: int, steps: int,
+                      device: torch.device = torch.device("cpu")) -> dict[str, dict[str, dict[str, float]]]:
+    """Every method on each workload of :data:`WORKLOADS`, on ``device`` (needs a process group)."""
+    results = {}
+    for workload_name in names:
+        model, rank = WORKLOADS[workload_name]
+        workload = make_workload(workload_name, parameter_shapes(model), rank, device=device)
+        cases = {name: make_case(workload, name) for name in methods}
+        results[workload_name] = measure(cases, warmup, steps, workload_name)
+        del workload, cases
+    return results
 
 
 def print_table(results: dict[str, dict[str, dict[str, float]]]) -> None:
@@ -288,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(OUR_METHODS + TORCH_METHODS))
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds (torch's hook starts compressing at its 3rd)")
     parser.add_argument("--steps", type=int, default=10, help="timed rounds")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (NCCL group, kernels timed to completion)")
     args = parser.parse_args(argv)
     if args.steps % 2:
         parser.error("--steps must be even: ACP-SGD alternates P and Q steps, so bytes average over pairs")
@@ -296,14 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     for required in ("none", "torch_powersgd"):
         if required not in args.methods:
             args.methods.insert(0, required)
-    results = {}
-    with single_process_group():
-        for workload_name in args.workloads:
-            model, rank = WORKLOADS[workload_name]
-            workload = make_workload(workload_name, parameter_shapes(model), rank)
-            cases = {name: make_case(workload, name) for name in args.methods}
-            results[workload_name] = measure(cases, args.warmup, args.steps, workload_name)
-            del workload, cases
+    device = torch.device(args.device)
+    with single_process_group(device):
+        results = measure_workloads(args.workloads, args.methods, args.warmup, args.steps, device)
     print_table(results)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)

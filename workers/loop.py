@@ -25,7 +25,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -235,16 +235,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
                 reporter.link(probe_link(sync.process_group, sizes=(DEFAULT_SIZES[0], probe_bytes),
                                          stop_after_s=PROBE_STOP_FACTOR * PROBE_TRANSFER_S))
         # 3. one step, every phase timed
-        with timer.phase("data"):
-            inputs, targets = (t.to(device, non_blocking=True) for t in next(loader))
-        with timer.phase("forward"):
-            loss = F.cross_entropy(ddp(inputs), targets)
-        with timer.phase("backward"):
-            optimizer.zero_grad(set_to_none=False)
-            loss.backward()
-        with timer.phase("optimizer"):
-            optimizer.step()
-            scheduler.step()
+        loss = train_step(ddp, optimizer, loader, timer, device, scheduler)
         timing = timer.end_step(step, sync.last_step())
         last = sync.last_step()
         record.step_compressors[step] = last.compressor if last else sync.compressor.label
@@ -267,6 +258,26 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- building blocks
+
+
+def train_step(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader: Iterator[Any],
+               timer: StepTimer, device: torch.device,
+               scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> torch.Tensor:
+    """One data-parallel step, each phase of design.md §3 timed by ``timer`` (the caller ends
+    the step with the hook's record); returns the loss."""
+    with timer.phase("data"):
+        inputs, targets = (t.to(device, non_blocking=True) for t in next(loader))
+    with timer.phase("forward"):
+        loss = F.cross_entropy(ddp(inputs), targets)
+    with timer.phase("backward"):
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+    with timer.phase("optimizer"):
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+    return loss
+
 
 
 def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:

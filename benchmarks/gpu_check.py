@@ -1,0 +1,163 @@
+"""The GPU check: every compressor's encode+decode and a per-phase training step, on one GPU.
+
+Why a separate script: GPU machines are lent to some sessions only, for minutes; this is the
+one prepared run (under 5 minutes on one GPU) that measures what the CPU benchmarks cannot --
+the codec kernels on the device and how a step's time splits between the phases there:
+
+1. ``codecs``: ``benchmarks/compressor_cost.py``'s measurement (random gradients of the
+   paper's ResNet-50 and BERT-Base shapes in 25 MB buckets, every hook on a one-process NCCL
+   group, round-robin, each step timed to the device's completion);
+2. ``steps``: ResNet-50 (batch 64, 224 px, rank 4) and BERT-Base (batch 32, seq 64, rank 32)
+   trained on the GPU by the worker's own step (``workers.loop.train_step``) with each
+   compressor's DDP hook (world size 1: the collectives are local, so the codec and the
+   bucket hand-offs are what differs), phases timed with CUDA events (``workers.timing``).
+
+    python benchmarks/gpu_check.py --json-out benchmarks/results/gpu_check.json
+
+``--device cpu`` with small ``--batch``/``--image-size`` runs the same code on the CPU (the
+test suite does, so the script cannot rot between GPU sessions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks.compressor_cost import OUR_METHODS, measure_workloads, single_process_group  # noqa: E402
+from compressors import GradientSync  # noqa: E402
+from compressors.base import from_spec  # noqa: E402
+from compressors.spec import make_spec  # noqa: E402
+from workers.protocol import ALL_PHASES  # noqa: E402
+
+#: The paper's settings per model: batch, input size, PowerSGD/ACP-SGD rank.
+STEP_MODELS: dict[str, dict[str, int]] = {
+    "resnet50": {"batch": 64, "image_size": 224, "seq_len": 64, "rank": 4},
+    "bert-base": {"batch": 32, "image_size": 32, "seq_len": 64, "rank": 32},
+}
+TOPK_RATIO = 0.01
+
+
+def compressor_params(name: str, rank: int) -> dict[str, Any]:
+    if name in ("powersgd", "acpsgd"):
+        return {"rank": rank}
+    return {"ratio": TOPK_RATIO} if name == "topk" else {}
+
+
+def step_breakdown(model_name: str, compressor: str, device: torch.device, *, batch: int, image_size: int,
+                   seq_len: int, rank: int, warmup: int, steps: int) -> dict[str, Any]:
+    """Mean seconds per phase of ``steps`` training steps after ``warmup``, one compressor."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from workers.data import InfiniteLoader, build_dataset
+    from workers.loop import train_step
+    from workers.models import build_model, default_num_classes
+    from workers.timing import StepTimer
+
+    torch.manual_seed(0)
+    shape_kwargs = {"seq_len": seq_len} if model_name.startswith("bert") else {"image_size": image_size}
+    model = build_model(model_name, num_classes=default_num_classes(model_name), **shape_kwargs).to(device)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=25, device_ids=[device.index] if device.type == "cuda" else None)
+    sync = GradientSync(from_spec(make_spec(compressor, **compressor_params(compressor, rank)))).install(ddp)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    dataset = build_dataset("synthetic", model=model_name, seed=0, seq_len=seq_len, image_size=image_size)
+    loader = InfiniteLoader(dataset, batch, 0, 1, 0)
+    timer = StepTimer(device, window=steps)
+    walls = []
+    for step in range(warmup + steps):
+        started = time.perf_counter()
+        train_step(ddp, optimizer, loader, timer, device)
+        timer.end_step(step, sync.last_step())  # waits for the step's CUDA events
+        walls.append(time.perf_counter() - started)
+    means = timer.means()
+    return {"model": model_name, "compressor": sync.compressor.label, "batch": batch,
+            "step_s": statistics.fmean(walls[warmup:]), "phase_s": {phase: means[phase] for phase in ALL_PHASES},
+            "bytes_per_step": sync.stats().bytes_sent / sync.stats().steps if sync.stats().steps else 0.0}
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def write_markdown(path: Path, doc: dict[str, Any]) -> None:
+    lines = [f"# GPU check on {doc['device_name']}", "", f"`{doc['command']}`", "",
+             "## Encode+decode per step (median, timed to the device's completion)", "",
+             "| workload | method | encode+decode ms | MB/step |", "|---|---|---:|---:|"]
+    for workload, rows in doc["codecs"].items():
+        for method, row in rows.items():
+            lines.append(f"| {workload} | {method} | {row['encode_decode_s'] * 1e3:.2f} | {row['bytes_per_step'] / 1e6:.3f} |")
+    phases = ("data", "forward", "backward", "exposed_comm", "optimizer", "compress", "decompress")
+    lines += ["", "## One training step per compressor (world size 1; phases timed with CUDA events on a GPU; ms)", "",
+              "| model | compressor | step | " + " | ".join(phases) + " |", "|---|---|---:|" + "---:|" * len(phases)]
+    for row in doc["steps"]:
+        lines.append(f"| {row['model']} | {row['compressor']} | {row['step_s'] * 1e3:.1f} | "
+                     + " | ".join(f"{row['phase_s'][p] * 1e3:.1f}" for p in phases) + " |")
+    lines += ["", "compress/decompress: the hook's host time per step (on a GPU, kernel launches; the kernels "
+              "themselves are inside backward and exposed_comm).", ""]
+    path.write_text("\n".join(lines))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (a smoke run of the same code)")
+    parser.add_argument("--models", nargs="+", default=list(STEP_MODELS), choices=list(STEP_MODELS))
+    parser.add_argument("--compressors", nargs="+", default=list(OUR_METHODS), choices=list(OUR_METHODS))
+    parser.add_argument("--batch", type=int, help="override every model's batch size (default: the paper's)")
+    parser.add_argument("--image-size", type=int, help="override ResNet's input size (default 224)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--codec-workloads", nargs="*", default=list(STEP_MODELS), choices=list(STEP_MODELS),
+                        help="workloads of the codec measurement (none: skip it)")
+    parser.add_argument("--codec-steps", type=int, default=6, help="timed rounds of the codec measurement (even)")
+    parser.add_argument("--json-out", type=Path, default=ROOT / "benchmarks/results/gpu_check.json")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here (use --device cpu for a smoke run)")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if args.codec_steps % 2:
+        parser.error("--codec-steps must be even: ACP-SGD alternates P and Q steps")
+    started = time.monotonic()
+    doc: dict[str, Any] = {"device_name": device_name(device), "torch": torch.__version__,
+                           "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    with single_process_group(device):
+        print(f"codecs on {doc['device_name']}", flush=True)
+        doc["codecs"] = measure_workloads(args.codec_workloads, list(OUR_METHODS) + ["torch_powersgd"], 3,
+                                          args.codec_steps, device)
+        doc["steps"] = []
+        for model_name in args.models:
+            settings = dict(STEP_MODELS[model_name])
+            settings["batch"] = args.batch or settings["batch"]
+            settings["image_size"] = args.image_size or settings["image_size"]
+            for compressor in args.compressors:
+                row = step_breakdown(model_name, compressor, device, warmup=args.warmup, steps=args.steps, **settings)
+                doc["steps"].append(row)
+                print(f"  {model_name:9s} {row['compressor']:12s} {row['step_s'] * 1e3:8.1f} ms/step", flush=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    doc["wall_s"] = time.monotonic() - started
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(doc, indent=2))
+    write_markdown(args.json_out.with_suffix(".md"), doc)
+    print(f"wrote {args.json_out} ({doc['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

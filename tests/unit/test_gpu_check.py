@@ -1,0 +1,54 @@
+"""benchmarks/gpu_check.py, the prepared GPU run, on the CPU: the same code path, small inputs.
+
+GPU machines are lent to few sessions, for minutes; this keeps the script working between
+them. Real model, real DDP hooks on a one-process gloo group, a few steps (seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import gpu_check  # noqa: E402
+from compressors.spec import make_spec  # noqa: E402
+from compressors.wire import wire_bytes  # noqa: E402
+from workers.models import default_num_classes, parameter_shapes  # noqa: E402
+from workers.protocol import ALL_PHASES  # noqa: E402
+
+
+def test_a_cpu_run_times_every_phase_and_sends_each_compressors_bytes(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--device", "cpu", "--models", "resnet50", "--compressors", "none", "acpsgd",
+                           "--batch", "2", "--image-size", "32", "--warmup", "1", "--steps", "1",
+                           "--codec-workloads", "--json-out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["device_name"].startswith("CPU")
+    assert [row["compressor"] for row in doc["steps"]] == ["none", "acpsgd-r4"]
+    shapes = parameter_shapes("resnet50", num_classes=default_num_classes("resnet50"), image_size=32)
+    for row, spec in zip(doc["steps"], (make_spec("none"), make_spec("acpsgd", rank=4))):
+        assert set(row["phase_s"]) == set(ALL_PHASES)
+        assert row["phase_s"]["forward"] > 0 and row["phase_s"]["backward"] > 0
+        assert row["step_s"] >= row["phase_s"]["forward"] + row["phase_s"]["backward"]
+        # Two steps: ACP-SGD's P step and Q step, whose mean the formula gives.
+        assert row["bytes_per_step"] == pytest.approx(wire_bytes(spec, shapes, 1))
+    assert doc["steps"][0]["bytes_per_step"] == 4 * sum(math.prod(s) for s in shapes)  # fp32, all of it
+    assert "| resnet50 | acpsgd-r4 |" in out.with_suffix(".md").read_text()
+
+
+def test_cuda_without_a_gpu_is_a_clear_cli_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the error path does not apply")
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_check.main(["--device", "cuda", "--json-out", str(tmp_path / "x.json")])
+    assert exit_info.value.code == 2
+    assert "no CUDA device here" in capsys.readouterr().err
