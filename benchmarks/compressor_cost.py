@@ -112,9 +112,18 @@ def make_workload(name: str, shapes: Sequence[tuple[int, ...]], rank: int, *,
 HookStep = Callable[[], None]
 
 
+TOPK_RATIO = 0.01
+
+
+def method_params(name: str, rank: int) -> dict[str, float]:
+    """The parameters a compressor is benchmarked with: the workload's rank, Top-k's 1 %."""
+    if name in ("powersgd", "acpsgd"):
+        return {"rank": rank}
+    return {"ratio": TOPK_RATIO} if name == "topk" else {}
+
+
 def our_method(workload: Workload, name: str) -> tuple[HookStep, GradientSync]:
-    params = {"rank": workload.rank} if name in ("powersgd", "acpsgd") else {"ratio": 0.01} if name == "topk" else {}
-    sync = GradientSync(build(name, **params))
+    sync = GradientSync(build(name, **method_params(name, workload.rank)))
     sync.bind((f"param{index}", param) for index, param in enumerate(workload.params))
     return (lambda: run_step(workload, sync.hook)), sync
 

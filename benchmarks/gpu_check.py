@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
 
 import torch  # noqa: E402
 
-from benchmarks.compressor_cost import OUR_METHODS, measure_workloads, single_process_group  # noqa: E402
+from benchmarks.compressor_cost import OUR_METHODS, measure_workloads, method_params, single_process_group  # noqa: E402
 from compressors import GradientSync  # noqa: E402
 from compressors.base import from_spec  # noqa: E402
 from compressors.spec import make_spec  # noqa: E402
@@ -45,13 +45,6 @@ STEP_MODELS: dict[str, dict[str, int]] = {
     "resnet50": {"batch": 64, "image_size": 224, "seq_len": 64, "rank": 4},
     "bert-base": {"batch": 32, "image_size": 32, "seq_len": 64, "rank": 32},
 }
-TOPK_RATIO = 0.01
-
-
-def compressor_params(name: str, rank: int) -> dict[str, Any]:
-    if name in ("powersgd", "acpsgd"):
-        return {"rank": rank}
-    return {"ratio": TOPK_RATIO} if name == "topk" else {}
 
 
 def step_breakdown(model_name: str, compressor: str, device: torch.device, *, batch: int, image_size: int,
@@ -68,7 +61,7 @@ def step_breakdown(model_name: str, compressor: str, device: torch.device, *, ba
     shape_kwargs = {"seq_len": seq_len} if model_name.startswith("bert") else {"image_size": image_size}
     model = build_model(model_name, num_classes=default_num_classes(model_name), **shape_kwargs).to(device)
     ddp = DistributedDataParallel(model, bucket_cap_mb=25, device_ids=[device.index] if device.type == "cuda" else None)
-    sync = GradientSync(from_spec(make_spec(compressor, **compressor_params(compressor, rank)))).install(ddp)
+    sync = GradientSync(from_spec(make_spec(compressor, **method_params(compressor, rank)))).install(ddp)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     dataset = build_dataset("synthetic", model=model_name, seed=0, seq_len=seq_len, image_size=image_size)
     loader = InfiniteLoader(dataset, batch, 0, 1, 0)
