@@ -68,7 +68,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
@@ -486,36 +486,41 @@ class Runner:
         beyond the aligned one's best time (``workers.probe.wake_up_seconds``). Cached."""
         from benchmarks.testbed import measure_allreduce
 
-        cached = self.cache_dir / f"wake-{workers}.json" if self.cache_dir else None
+        def measure() -> dict[str, Any]:
+            self._port += 1
+            with bench_lock():
+                m = measure_allreduce(self._testbed(workers, CALIBRATION_MBIT), nbytes=4096, iters=9, port=self._port,
+                                      wake_rounds=rounds)
+            return {"wake_s": m.wake_s, "rounds": rounds}
+
+        return float(self._cached(f"wake-{workers}.json", measure)["wake_s"])
+
+    def _cached(self, name: str, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``measure()``'s JSON result, kept as ``name`` in the cache directory (if any)."""
+        cached = self.cache_dir / name if self.cache_dir else None
         if cached is not None and cached.exists():
-            return float(json.loads(cached.read_text())["wake_s"])
-        self._port += 1
-        with bench_lock():
-            m = measure_allreduce(self._testbed(workers, CALIBRATION_MBIT), nbytes=4096, iters=9, port=self._port,
-                                  wake_rounds=rounds)
+            return json.loads(cached.read_text())
+        result = measure()
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            cached.write_text(json.dumps({"wake_s": m.wake_s, "rounds": rounds}))
-        return m.wake_s
+            cached.write_text(json.dumps(result))
+        return result
 
     def isolated_codecs(self, workload: str) -> dict[str, float]:
         """Encode+decode seconds of our PowerSGD and PyTorch's hook in the layouts the runs
         use, measured apart from any communication (``codecs_main``). Cached."""
         settings = {"workload": asdict(WORKLOADS[workload]), "bucket_cap_mb": CODEC_BUCKET_CAP_MB}
         key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-        cached = self.cache_dir / f"codecs-{workload}-{key}.json" if self.cache_dir else None
-        if cached is not None and cached.exists():
-            return json.loads(cached.read_text())
-        with bench_lock(), tempfile.TemporaryDirectory(prefix="gw-codecs-") as tmp:
-            wait_for_quiet(self.quiet_cores, self.quiet_wait_s)
-            out = Path(tmp) / "codecs.json"
-            subprocess.run([sys.executable, "-u", str(Path(__file__).resolve()), "_codecs", "--workload", workload,
-                            "--out", str(out)], check=True, timeout=900, stdout=subprocess.DEVNULL)
-            result = json.loads(out.read_text())
-        if cached is not None:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            cached.write_text(json.dumps(result))
-        return result
+
+        def measure() -> dict[str, Any]:
+            with bench_lock(), tempfile.TemporaryDirectory(prefix="gw-codecs-") as tmp:
+                wait_for_quiet(self.quiet_cores, self.quiet_wait_s)
+                out = Path(tmp) / "codecs.json"
+                subprocess.run([sys.executable, "-u", str(Path(__file__).resolve()), "_codecs", "--workload", workload,
+                                "--out", str(out)], check=True, timeout=900, stdout=subprocess.DEVNULL)
+                return json.loads(out.read_text())
+
+        return self._cached(f"codecs-{workload}-{key}.json", measure)
 
     def _attempt(self, cell: Cell, timeout_s: float) -> dict[str, Any]:
         from benchmarks.testbed import TestbedError, _collect, worker_env
@@ -1146,7 +1151,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
                       f"optimizer {c['optimizer_s']:.3f} s, host CPU per collective {c['collective_cpu_s'] * 1e3:.2f} ms",
                       flush=True)
             codecs[model] = runner.isolated_codecs(model)
-            print(f"codecs {model} apart from communication: PowerSGD (25 MB buckets) "
+            print(f"codecs {model} apart from communication: PowerSGD ({CODEC_BUCKET_CAP_MB:g} MB buckets) "
                   f"{codecs[model]['powersgd_s']:.3f} s, torch powerSGD_hook (one bucket) "
                   f"{codecs[model]['torch_powersgd_s']:.3f} s", flush=True)
             for n in worker_counts[model]:

@@ -279,7 +279,6 @@ def train_step(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, l
     return loss
 
 
-
 def _optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
