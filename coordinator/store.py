@@ -29,6 +29,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from coordinator.schemas import (
@@ -212,6 +213,11 @@ class StoredEvent:
     data: dict[str, Any]
 
 
+class StoreUnavailable(RuntimeError):
+    """The database refused a write (disk full, read-only file system, I/O error). Nothing of
+    the request was written; the message says what the database reported."""
+
+
 class InvalidTransition(RuntimeError):
     def __init__(self, job_id: str, from_state: str, to_state: str) -> None:
         super().__init__(f"job {job_id} is {from_state}; it cannot become {to_state}")
@@ -231,6 +237,13 @@ def _decision(row: DecisionRow) -> DecisionRecord:
         version=row.version, compressor=row.compressor, params=dict(row.params), reason=row.reason,
         predicted_gain=row.predicted_gain, source=row.source, at=row.at,  # type: ignore[arg-type]
     )
+
+
+def _is_storage_fault(exc: DBAPIError) -> bool:
+    """Faults of the storage below the database (not of a query): worth a 503, not a 500."""
+    text = str(exc.orig).lower()
+    return any(word in text for word in ("disk is full", "readonly", "read-only", "disk i/o",
+                                         "unable to open", "database is locked"))
 
 
 def make_engine(url: str) -> Engine:
@@ -261,9 +274,15 @@ class Store:
         self.engine = make_engine(url)
         Base.metadata.create_all(self.engine)
         self._write_lock = threading.RLock()
+        #: What the database said when the last write failed; None once a write succeeds.
+        self.write_error: str | None = None
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def health(self) -> str:
+        """``ok``, or why the last write failed (what ``/healthz`` shows)."""
+        return "ok" if self.write_error is None else f"error: {self.write_error}"
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -272,8 +291,17 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        with self._write_lock, Session(self.engine, expire_on_commit=False) as session, session.begin():
-            yield session
+        """One transaction; a database fault becomes :class:`StoreUnavailable` (rolled back)."""
+        with self._write_lock:
+            try:
+                with Session(self.engine, expire_on_commit=False) as session, session.begin():
+                    yield session
+            except DBAPIError as exc:
+                if not _is_storage_fault(exc):
+                    raise
+                self.write_error = str(exc.orig).splitlines()[0][:200]
+                raise StoreUnavailable(f"the database cannot be written: {self.write_error}") from None
+            self.write_error = None
 
     # ---- jobs ----------------------------------------------------------------------------
 

@@ -27,18 +27,30 @@ def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"})
 
 
+def _check_operator(settings: Settings, presented: str | None) -> None:
+    expected = settings.token_value
+    if expected is not None and not token_matches(presented, expected):
+        raise _unauthorized(UNAUTHORIZED)
+
+
 def require_operator(
     settings: Settings = Depends(get_settings),
     credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
-    access_token: str | None = Query(default=None, description="for EventSource, which cannot send headers"),
 ) -> None:
-    """With ``GRADWIRE_TOKEN`` set, every ``/v1`` operator route needs it."""
-    expected = settings.token_value
-    if expected is None:
-        return
-    presented = credentials.credentials if credentials else access_token
-    if not token_matches(presented, expected):
-        raise _unauthorized(UNAUTHORIZED)
+    """With ``GRADWIRE_TOKEN`` set, every ``/v1`` operator route needs it, in the
+    ``Authorization`` header (a URL would put it in access logs and browser histories)."""
+    _check_operator(settings, credentials.credentials if credentials else None)
+
+
+def require_operator_stream(
+    settings: Settings = Depends(get_settings),
+    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
+    access_token: str | None = Query(default=None, max_length=512,
+                                     description="for EventSource, which cannot send headers"),
+) -> None:
+    """The event stream alone may also take the token as ``?access_token=`` (the live page's
+    EventSource cannot set headers); the access log redacts it (coordinator.auth)."""
+    _check_operator(settings, credentials.credentials if credentials else access_token)
 
 
 def worker_job(

@@ -13,5 +13,8 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz", response_model=Health)
 def healthz(request: Request, service: JobService = Depends(get_service)) -> Health:
-    return Health(status="ok", version=request.app.version, launcher=service.settings.launcher,
-                  ray=service.launcher.status, jobs=service.store.counts_by_state())
+    ray, database = service.launcher.status, service.store.health()
+    usable = database == "ok" and (service.settings.launcher == "none" or ray == "connected")
+    return Health(status="ok" if usable else "degraded", version=request.app.version,
+                  launcher=service.settings.launcher, ray=ray, database=database,
+                  jobs=service.store.counts_by_state())

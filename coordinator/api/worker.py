@@ -8,13 +8,14 @@ from fastapi import APIRouter, Depends
 from coordinator.api.deps import get_service, worker_job
 from coordinator.service import JobService
 from coordinator.store import JobRecord
-from workers.protocol import Decision, Telemetry
+from coordinator.schemas import TelemetryReport
+from workers.protocol import Decision
 
 router = APIRouter(prefix="/v1/jobs", tags=["workers"])
 
 
 @router.post("/{job_id}/telemetry", response_model=Decision)
-def post_telemetry(telemetry: Telemetry, job: JobRecord = Depends(worker_job),
+def post_telemetry(telemetry: TelemetryReport, job: JobRecord = Depends(worker_job),
                    service: JobService = Depends(get_service)) -> Decision:
     """Record a report; answers with the decision in force."""
     return service.ingest(job.id, telemetry)
