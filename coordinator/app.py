@@ -21,7 +21,8 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from coordinator.api import dashboard, health, jobs, metrics, policy, worker
-from coordinator.auth import check_bind, redact_access_log
+from coordinator.accesslog import tune_access_log
+from coordinator.auth import check_bind
 from coordinator.datadir import DataDirLock
 from coordinator.openapi import openapi_document
 from coordinator.launcher import Launcher, make_launcher
@@ -109,7 +110,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     check_bind(settings.host, settings.token_value)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     data_dir_lock = DataDirLock(settings.data_dir).acquire()
-    redact_access_log()
+    tune_access_log()
 
     try:
         store = Store(settings.db_url)

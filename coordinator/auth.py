@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import logging
-import re
 import secrets
 
 
@@ -57,24 +55,3 @@ def check_bind(host: str, token: str | None) -> None:
             "or listen on 127.0.0.1"
         )
 
-
-#: ``access_token=<anything up to & or the end>`` in a logged URL.
-_QUERY_TOKEN = re.compile(r"(access_token=)[^&\s]*")
-
-
-class _RedactQueryToken(logging.Filter):
-    """Blank out ``?access_token=`` in uvicorn's access log lines (the live page's event
-    stream passes the operator token that way; a log file must not hold it)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(_QUERY_TOKEN.sub(r"\1[redacted]", a) if isinstance(a, str) else a
-                                for a in record.args)
-        return True
-
-
-def redact_access_log() -> None:
-    """Install the redaction on ``uvicorn.access`` (idempotent)."""
-    logger = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, _RedactQueryToken) for f in logger.filters):
-        logger.addFilter(_RedactQueryToken())

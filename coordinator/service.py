@@ -160,21 +160,29 @@ class JobService:
 
     def ingest(self, job_id: str, t: Telemetry) -> Decision:
         """Apply one report: snapshot, history (downsampled), metrics, maybe a new decision.
-        Returns the decision in force, so a worker may skip its next GET."""
+        Returns the decision in force, so a worker may skip its next GET.
+
+        A report is stamped with when rank 0 measured it (``wall_time``, never later than
+        now), not when it arrived: a report that waited out an unreachable coordinator keeps
+        its place in the history. One measured before the latest stored report is *stale*:
+        it is counted and may join the history, but does not overwrite the job's snapshot."""
         with self._lock:
             job = self.get(job_id)
             if job.terminal:
                 raise Conflict(f"job {job_id} is {job.state}; telemetry is no longer accepted")
             now = self._clock()
+            at = min(t.wall_time, now) if t.wall_time is not None else now
+            stale = job.reported_at is not None and at < job.reported_at
             profile = t.profile or job.profile
             current = self._latest(job_id)
-            decision = self.decisions.on_report(job_id, job.policy_mode, job.spec.compression, current, t,
-                                                profile, now)
+            decision = None if stale else self.decisions.on_report(
+                job_id, job.policy_mode, job.spec.compression, current, t, profile, now)
             keep = (job.last_history_at is None or now - job.last_history_at >= self.settings.history_interval_s
                     or t.compressor != job.compressor or t.rank != job.rank or _last_step(job, t))
-            point = _point(t, now) if keep else None
+            point = _point(t, at) if keep else None
             self.store.record_report(job_id, snapshot=_snapshot(t, job), history=point, decision=decision,
-                                     start_running=True, now=now, max_rows=self.settings.history_max_rows)
+                                     start_running=True, now=now, max_rows=self.settings.history_max_rows,
+                                     stale=stale)
             self.metrics.observe_report(job_id, t, previous_step=job.step,
                                         shapes=profile.shapes if profile else None)
             if decision is not None:
