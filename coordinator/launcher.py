@@ -56,7 +56,13 @@ class Launcher(Protocol):
     def cancel(self, job_id: str) -> None: ...
     def release(self, job_id: str) -> None: ...
     def live_jobs(self) -> set[str]: ...
+    def sweep(self) -> None: ...
     def close(self) -> None: ...
+
+
+class RayUnavailable(RuntimeError):
+    """The Ray cluster stopped answering (head lost, GCS unreachable): the supervisor reports
+    it and reconnects; nothing about the jobs is decided until it can see the cluster again."""
 
 
 class NullLauncher:
@@ -85,6 +91,9 @@ class NullLauncher:
 
     def live_jobs(self) -> set[str]:
         return set()
+
+    def sweep(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -159,7 +168,7 @@ class RayLauncher:
         except Exception as exc:
             self.status = f"error: {exc}"
             raise
-        self.address = address
+        self.address = ray.get_runtime_context().gcs_address
         self.status = "connected"
 
     def capacity(self) -> Capacity | None:
@@ -224,6 +233,30 @@ class RayLauncher:
             if entry["namespace"] == self._settings.ray_namespace and entry["name"].startswith(ACTOR_PREFIX)
         }
 
+    def sweep(self) -> None:
+        """Remove placement groups orphaned by a killed runner.
+
+        Cancel kills the runner actor; Ray then kills the Train controller it owns, but the
+        controller's placement group is fate-shared with the controller *and* its job — this
+        coordinator's driver job, which lives on — so its CPUs stayed reserved until the
+        coordinator exited and the next job sat at step 0. (Ray Train's own cleaner actor
+        needs the dashboard's state API, which a head without a dashboard lacks.) A group of
+        this driver's job whose creating actor is dead has no one left to use it: remove it.
+        """
+        import ray
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        job_id = ray.get_runtime_context().get_job_id()
+        for raw in state._connect_and_get_accessor().get_placement_group_table():
+            pg = gcs_pb2.PlacementGroupTableData.FromString(raw)
+            if (pg.state == gcs_pb2.PlacementGroupTableData.REMOVED or pg.is_detached or not pg.creator_actor_id
+                    or not pg.creator_actor_dead or pg.creator_job_dead or pg.creator_job_id.hex() != job_id):
+                continue
+            log.warning("removing placement group %s of a stopped runner", pg.placement_group_id.hex())
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(pg.placement_group_id)))
+
     def close(self) -> None:
         import ray
 
@@ -232,4 +265,8 @@ class RayLauncher:
 
 
 def make_launcher(settings: Settings) -> Launcher:
-    return RayLauncher(settings) if settings.launcher == "ray" else NullLauncher()
+    if settings.launcher == "none":
+        return NullLauncher()
+    from coordinator.raybridge import RayBridge
+
+    return RayBridge(settings)

@@ -15,7 +15,7 @@ from typing import Callable
 
 from coordinator.auth import new_job_token, token_matches
 from coordinator.decisions import DecisionLoop
-from coordinator.launcher import Launcher
+from coordinator.launcher import Launcher, RayUnavailable
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.schemas import (
     AdaptivePolicy,
@@ -97,7 +97,12 @@ class JobService:
             if job.terminal:
                 raise Conflict(f"job {job_id} is already {job.state}")
             if job.state == "running":
-                self.launcher.cancel(job_id)
+                try:
+                    self.launcher.cancel(job_id)
+                except RayUnavailable as exc:
+                    # Recorded anyway: reconciliation stops the runner of a job that is not
+                    # running once Ray is back (if it survived at all).
+                    log.warning("job %s cancelled while Ray is unreachable (%s)", job_id, exc)
             return self.finish(job_id, "cancelled", "cancelled by operator")
 
     def finish(self, job_id: str, state: str, reason: str, summary: dict | None = None) -> JobRecord:

@@ -45,7 +45,9 @@ def job_history(job_id: str, service: JobService = Depends(get_service)) -> JobH
 
 @stream_router.get("/{job_id}/events", response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {}},
-                             "description": "snapshot, telemetry, state, decision, policy, end"}})
+                             "description": "snapshot; then every state, decision and policy event; the latest "
+                                            "telemetry report at most once per sse_poll_s (with reports/skipped "
+                                            "counts); end"}})
 def job_event_stream(job_id: str, request: Request, service: JobService = Depends(get_service),
                      settings: Settings = Depends(get_settings)) -> EventSourceResponse:
     service.get(job_id)  # 404 before the stream starts
