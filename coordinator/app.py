@@ -27,7 +27,7 @@ from coordinator.datadir import DataDirLock
 from coordinator.openapi import openapi_document
 from coordinator.launcher import Launcher, make_launcher
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.service import Conflict, Forbidden, JobNotFound, JobService
+from coordinator.service import Conflict, Forbidden, InvalidSpec, JobNotFound, JobService
 from coordinator.settings import Settings
 from coordinator.store import Store, StoreUnavailable
 from coordinator.supervisor import Supervisor
@@ -189,6 +189,11 @@ def _error_handlers(app: FastAPI) -> None:
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = jsonable_encoder([_concise(e) for e in exc.errors()[:20]])
         return JSONResponse({"detail": _json_safe(errors)}, status_code=422)
+
+    @app.exception_handler(InvalidSpec)
+    async def _cannot_run(_request: Request, exc: InvalidSpec) -> JSONResponse:
+        return JSONResponse({"detail": [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]},
+                            status_code=422)
 
     @app.exception_handler(StoreUnavailable)
     async def _store_down(_request: Request, exc: StoreUnavailable) -> JSONResponse:

@@ -50,6 +50,7 @@ class Launcher(Protocol):
     status: str
 
     def connect(self) -> None: ...
+    def validate(self, config: TrainConfig) -> str | None: ...
     def capacity(self) -> Capacity | None: ...
     def launch(self, job_id: str, config: TrainConfig) -> None: ...
     def poll(self, job_id: str) -> RunStatus: ...
@@ -73,6 +74,9 @@ class NullLauncher:
 
     def connect(self) -> None:
         pass
+
+    def validate(self, config: TrainConfig) -> str | None:
+        return None  # the external runner checks what it runs
 
     def capacity(self) -> Capacity | None:
         return None  # never launches
@@ -171,6 +175,19 @@ class RayLauncher:
         self.address = ray.get_runtime_context().gcs_address
         self.status = "connected"
 
+    def validate(self, config: TrainConfig) -> str | None:
+        """What ``workers.runner.validate`` says about ``config`` (None: it can run). The very
+        check ``run_job`` makes before starting workers, made at submit so a spec that cannot
+        run (BERT beyond 512 positions, a batch larger than a worker's shard) is a 422 rather
+        than a job that fails seconds later. It imports torch, which is why it runs here, in
+        the driver process, and never in the web process."""
+        from workers.runner import validate
+
+        try:
+            validate(config)
+        except ValueError as exc:
+            return str(exc)
+        return None
     def capacity(self) -> Capacity | None:
         import ray
 

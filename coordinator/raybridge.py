@@ -52,6 +52,7 @@ def _child(conn: Any, settings: Settings) -> None:
             result = getattr(launcher, name)(*args)
             if name == "connect":
                 result = launcher.address
+                import workers.data  # noqa: F401 - torch, for validate(), imported once up front
             conn.send(("ok", result))
         except BaseException as exc:  # noqa: BLE001 - the parent decides what a failure means
             conn.send(("error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:2000]))
@@ -151,6 +152,13 @@ class RayBridge:
         host, _, port = str(address).rpartition(":")
         self._gcs = (host or "127.0.0.1", int(port))
         self._state, self._lost = "connected", None
+
+    def validate(self, config: TrainConfig) -> str | None:
+        """None while Ray is away: ``run_job`` checks again before it starts any worker."""
+        try:
+            return self._call("validate", config)
+        except RayUnavailable:
+            return None
 
     def capacity(self) -> Capacity | None:
         return self._call("capacity")

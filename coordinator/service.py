@@ -42,6 +42,10 @@ class Conflict(RuntimeError):
     """The request is valid but the job's state forbids it (e.g. cancelling a finished job)."""
 
 
+class InvalidSpec(ValueError):
+    """The spec is well-formed but cannot run (the launcher's check); mapped to 422."""
+
+
 class Forbidden(PermissionError):
     """A worker endpoint was called without this job's token."""
 
@@ -66,7 +70,11 @@ class JobService:
     # ---- operator side -------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> tuple[JobRecord, str]:
-        """Store a queued job with its first decision; the supervisor launches it."""
+        """Check that the spec can run, then store a queued job with its first decision; the
+        supervisor launches it."""
+        problem = self.launcher.validate(spec.to_train_config())
+        if problem:
+            raise InvalidSpec(problem)
         now = self._clock()
         mode = spec.compression.mode
         job = self.store.create_job(

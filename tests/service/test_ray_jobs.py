@@ -224,3 +224,18 @@ def test_cancelling_a_running_ray_train_job_frees_its_cpus_for_the_next_job(serv
     done = wait_state(url, following["id"], TERMINAL, timeout_s=240)
     assert done["state"] == "succeeded", done
     wait_for(lambda: ray.available_resources().get("CPU", 0) == 2, 60, "every CPU free again")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"model": "bert-base", "seq_len": 1024}, "seq_len must be between 2 and 512 for 'bert-base', got 1024"),
+    ({"dataset": "digits", "batch_size": 4096},
+     "per-worker batch_size 4096 is larger than each worker's shard of dataset 'digits'"),
+], ids=["bert-seq-len", "batch-over-shard"])
+def test_a_spec_that_cannot_run_is_422_at_submit(serve, changes, message):
+    """Issue 17.10: these used to be accepted and fail seconds later."""
+    coordinator = serve()
+    response = httpx.post(f"{coordinator.url}/v1/jobs", json={**SMALLEST_SPEC, **changes}, timeout=60)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["msg"].startswith(message)
+    assert httpx.get(f"{coordinator.url}/v1/jobs", timeout=10).json() == []
