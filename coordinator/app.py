@@ -24,6 +24,7 @@ from coordinator.api import dashboard, health, jobs, metrics, policy, worker
 from coordinator.accesslog import tune_access_log
 from coordinator.auth import check_bind
 from coordinator.datadir import DataDirLock
+from coordinator.fastpath import TelemetryFastPath
 from coordinator.openapi import openapi_document
 from coordinator.launcher import Launcher, make_launcher
 from coordinator.metrics import CoordinatorMetrics
@@ -149,7 +150,8 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     for router in (jobs.router, jobs.stream_router, policy.router, worker.router, health.router, metrics.router, dashboard.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=dashboard.STATIC_DIR), name="static")
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(TelemetryFastPath, service=service, concise=_concise)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # added last: the outer one
     _error_handlers(app)
     app.openapi = lambda: openapi_document(app, operator_auth=settings.token_value is not None)  # type: ignore[method-assign]
     return app
