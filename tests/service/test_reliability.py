@@ -295,6 +295,9 @@ def test_a_full_disk_is_503_with_the_reason_and_healthz_says_so(start_coordinato
         except OSError:
             pass
 
+    # Before anything failed, /healthz already sees that no space is left.
+    early = httpx.get(f"{coordinator.url}/healthz").json()
+    assert early["status"] == "degraded" and early["database"].startswith("error: only "), early
     refused = [httpx.post(f"{coordinator.url}/v1/jobs", json={**SMALLEST_SPEC, "name": f"n{i}"}) for i in range(3)]
     assert {r.status_code for r in refused} == {503}, [r.text for r in refused]
     assert "database or disk is full" in refused[-1].json()["detail"]
@@ -308,6 +311,7 @@ def test_a_full_disk_is_503_with_the_reason_and_healthz_says_so(start_coordinato
 
     filler.unlink()
     assert httpx.post(f"{coordinator.url}/v1/jobs", json=SMALLEST_SPEC).status_code == 201
+    assert httpx.get(f"{coordinator.url}/healthz").json()["database"] == "ok"
     assert httpx.get(f"{coordinator.url}/healthz").json()["status"] == "ok"
 
 
