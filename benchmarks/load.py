@@ -116,6 +116,8 @@ class PhaseResult:
     max_ms: float = 0.0
     sse_events: int = 0
     server_cores: float | None = None
+    #: Coordinator CPU per acknowledged report: what the rate costs, whatever else runs.
+    server_cpu_ms_per_report: float | None = None
     generator_cores: float | None = None
     foreign_cores: float | None = None
     error_samples: list[str] = field(default_factory=list)
@@ -124,15 +126,15 @@ class PhaseResult:
 class Coordinator:
     """``python -m coordinator.cli serve`` on a free port with a fresh data dir."""
 
-    def __init__(self, data_dir: Path, extra_env: dict[str, str]) -> None:
+    def __init__(self, data_dir: Path, extra_env: dict[str, str], root: Path = ROOT) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
         env = {k: v for k, v in os.environ.items() if not k.startswith("GRADWIRE_")}
         env.update({"GRADWIRE_DATA_DIR": str(data_dir), "GRADWIRE_PORT": str(self.port),
-                    "GRADWIRE_LAUNCHER": "none", "PYTHONPATH": str(ROOT), **extra_env})
+                    "GRADWIRE_LAUNCHER": "none", "PYTHONPATH": str(root), **extra_env})
         self.log = open(data_dir / "coordinator.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "serve"], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "coordinator.cli", "serve"], cwd=root, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -239,6 +241,8 @@ async def _phase(jobs: list[Job], port: int, server_pid: int, rate: float, secon
     result.server_cores, result.generator_cores, result.foreign_cores = (
         cpu.server_cores, cpu.generator_cores, cpu.foreign_cores)
     result.achieved_rate = round(result.ok / max(elapsed, 1e-9), 1)
+    if result.ok:
+        result.server_cpu_ms_per_report = round(1e3 * cpu.server_cores * elapsed / result.ok, 3)
     result.sse_events = sse_count[0]
     if latencies:
         ordered = sorted(latencies)
@@ -291,34 +295,52 @@ def check_consistency(db: Path, jobs: list[Job], metric_counts: dict[str, int]) 
             "duplicate_history_rows": len(duplicates), "problems": problems[:20], "consistent": not problems}
 
 
+def _campaign(servers: dict[str, Coordinator], rates: list[float], job_counts: list[int], seconds: float,
+              sse_clients: int) -> tuple[list[PhaseResult], dict[str, list[Job]]]:
+    """Every phase on every server in turn (side by side: the same foreign load for both)."""
+    phases: list[PhaseResult] = []
+    jobs_of: dict[str, list[Job]] = {label: [] for label in servers}
+    batches: dict[tuple[str, int], list[Job]] = {}
+    plan = [(count, rate, 0) for count in job_counts for rate in rates]
+    if sse_clients:
+        plan.append((job_counts[0], max(rates), sse_clients))
+    for count, rate, sse in plan:
+        for label, server in servers.items():
+            if (label, count) not in batches:  # one set of jobs per job count, reused across rates
+                batches[label, count] = _submit_jobs(server.url, count, f"load{count}")
+                jobs_of[label] += batches[label, count]
+            name = f"{count} jobs @ {rate:g}/s" + (f" + {sse} SSE clients" if sse else "")
+            if len(servers) > 1:
+                name = f"[{label}] {name}"
+            result = asyncio.run(_phase(batches[label, count], server.port, server.proc.pid, rate, seconds, sse,
+                                        name))
+            phases.append(result)
+            print(_line(result), flush=True)
+    return phases, jobs_of
+
+
 def run(rates: list[float], job_counts: list[int], seconds: float, sse_clients: int,
-        extra_env: dict[str, str]) -> dict[str, Any]:
+        extra_env: dict[str, str], baseline: Path | None = None) -> dict[str, Any]:
+    roots = {"this tree": ROOT, **({"baseline": baseline} if baseline else {})}
     with tempfile.TemporaryDirectory(prefix="gradwire-load-") as tmp:
-        data_dir = Path(tmp)
-        coordinator = Coordinator(data_dir, extra_env)
-        phases: list[PhaseResult] = []
-        all_jobs: list[Job] = []
+        servers: dict[str, Coordinator] = {}
+        consistency: dict[str, Any] = {}
         try:
-            for count in job_counts:
-                jobs = _submit_jobs(coordinator.url, count, f"load{count}")
-                all_jobs += jobs
-                for rate in rates:
-                    result = asyncio.run(_phase(jobs, coordinator.port, coordinator.proc.pid, rate, seconds, 0, f"{count} jobs @ {rate:g}/s"))
-                    phases.append(result)
-                    print(_line(result), flush=True)
-            if sse_clients:
-                jobs = all_jobs[: job_counts[0]]
-                result = asyncio.run(_phase(jobs, coordinator.port, coordinator.proc.pid, max(rates), seconds, sse_clients,
-                                            f"{len(jobs)} jobs @ {max(rates):g}/s + {sse_clients} SSE clients"))
-                phases.append(result)
-                print(_line(result), flush=True)
-            counts = _step_seconds_counts(coordinator.url)
+            for i, (label, root) in enumerate(roots.items()):
+                data_dir = Path(tmp) / f"server{i}"
+                data_dir.mkdir()
+                servers[label] = Coordinator(data_dir, extra_env, root)
+            phases, jobs_of = _campaign(servers, rates, job_counts, seconds, sse_clients)
+            counts = {label: _step_seconds_counts(server.url) for label, server in servers.items()}
         finally:
-            coordinator.stop()
-        consistency = check_consistency(data_dir / "gradwire.db", all_jobs, counts)
-    print(f"store consistency: {'OK' if consistency['consistent'] else 'BROKEN'} "
-          f"({consistency['reports_acknowledged']} reports, {consistency['history_rows']} history rows, "
-          f"{consistency['duplicate_history_rows']} duplicated) {consistency['problems'][:3]}")
+            for server in servers.values():
+                server.stop()
+        for label, server in servers.items():
+            consistency[label] = check_consistency(server.data_dir / "gradwire.db", jobs_of[label], counts[label])
+            c = consistency[label]
+            print(f"[{label}] store consistency: {'OK' if c['consistent'] else 'BROKEN'} "
+                  f"({c['reports_acknowledged']} reports, {c['history_rows']} history rows, "
+                  f"{c['duplicate_history_rows']} duplicated) {c['problems'][:3]}")
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
             "target": {"rate": TARGET_RATE, "p99_ms": TARGET_P99_MS},
             "phases": [asdict(p) for p in phases], "consistency": consistency,
@@ -328,7 +350,8 @@ def run(rates: list[float], job_counts: list[int], seconds: float, sse_clients: 
 def _line(r: PhaseResult) -> str:
     sse = f", {r.sse_events} SSE events" if r.sse_clients else ""
     return (f"{r.name:<36} achieved {r.achieved_rate:7.1f}/s  p50 {r.p50_ms:6.1f} ms  p99 {r.p99_ms:7.1f} ms  "
-            f"max {r.max_ms:7.1f} ms  errors {r.errors}{sse}  (cores: server {r.server_cores}, "
+            f"max {r.max_ms:7.1f} ms  errors {r.errors}{sse}  (server {r.server_cpu_ms_per_report} ms CPU/report; "
+            f"cores: server {r.server_cores}, "
             f"generator {r.generator_cores}, foreign {r.foreign_cores})")
 
 
@@ -340,14 +363,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
     parser.add_argument("--sse-clients", type=int, default=20, help="event-stream clients in the last phase")
     parser.add_argument("--env", nargs="*", default=[], help="extra GRADWIRE_X=Y settings for the coordinator")
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout (e.g. /work/main) whose coordinator runs every phase too, "
+                             "side by side with this tree's")
     parser.add_argument("--json-out", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     extra = dict(item.split("=", 1) for item in args.env)
-    results = run(args.rates, args.jobs, args.seconds, args.sse_clients, extra)
+    results = run(args.rates, args.jobs, args.seconds, args.sse_clients, extra, args.baseline)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(results, indent=2) + "\n")
-    return 0 if results["consistency"]["consistent"] else 1
+    return 0 if all(c["consistent"] for c in results["consistency"].values()) else 1
 
 
 if __name__ == "__main__":
