@@ -341,3 +341,26 @@ def test_a_second_coordinator_on_the_same_data_dir_is_refused(tmp_path):
         third.start(wait_ray=False)
     finally:
         third.stop()
+
+
+# ---- the OpenAPI document -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token", [None, TOKEN], ids=["no-token", "token"])
+def test_the_openapi_document_declares_real_codes_and_auth(start_coordinator, token):
+    coordinator = start_coordinator(token=token)
+    doc = httpx.get(f"{coordinator.url}/openapi.json").json()
+    paths = doc["paths"]
+    submit_op = paths["/v1/jobs"]["post"]
+    cancel_op = paths["/v1/jobs/{job_id}/cancel"]["post"]
+    telemetry_op = paths["/v1/jobs/{job_id}/telemetry"]["post"]
+    assert {"201", "413", "422", "503"} <= set(submit_op["responses"])
+    assert {"200", "404", "409", "413", "422"} <= set(cancel_op["responses"])
+    assert {"200", "401", "404", "409", "413", "422"} <= set(telemetry_op["responses"])
+    assert "security" in telemetry_op  # worker routes always take their job's token
+    assert ("security" in submit_op) is (token is not None)
+    assert ("401" in submit_op["responses"]) is (token is not None)
+    assert "security" not in paths["/healthz"]["get"]
+    events = paths["/v1/jobs/{job_id}/events"]["get"]
+    assert [p["name"] for p in events["parameters"] if p["in"] == "query"] == ["access_token"]
+    assert not [p for p in paths["/v1/jobs/{job_id}"]["get"].get("parameters", []) if p["in"] == "query"]
