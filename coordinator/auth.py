@@ -54,4 +54,3 @@ def check_bind(host: str, token: str | None) -> None:
             f"refusing to listen on {host!r} without a token: set GRADWIRE_TOKEN "
             "or listen on 127.0.0.1"
         )
-

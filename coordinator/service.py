@@ -100,18 +100,20 @@ class JobService:
                           decisions=self.store.decisions(job_id), transitions=self.store.transitions(job_id))
 
     def cancel(self, job_id: str) -> JobRecord:
-        with self._lock:
-            job = self.get(job_id)
-            if job.terminal:
-                raise Conflict(f"job {job_id} is already {job.state}")
-            if job.state == "running":
-                try:
-                    self.launcher.cancel(job_id)
-                except RayUnavailable as exc:
-                    # Recorded anyway: reconciliation stops the runner of a job that is not
-                    # running once Ray is back (if it survived at all).
-                    log.warning("job %s cancelled while Ray is unreachable (%s)", job_id, exc)
-            return self.finish(job_id, "cancelled", "cancelled by operator")
+        """Stop the runner, then record ``cancelled``. The Ray call runs without the service
+        lock: telemetry is handled on the event loop and must never wait for Ray. A job that
+        ended meanwhile makes the recording a :class:`Conflict`."""
+        job = self.get(job_id)
+        if job.terminal:
+            raise Conflict(f"job {job_id} is already {job.state}")
+        if job.state == "running":
+            try:
+                self.launcher.cancel(job_id)
+            except RayUnavailable as exc:
+                # Recorded anyway: reconciliation stops the runner of a job that is not
+                # running once Ray is back (if it survived at all).
+                log.warning("job %s cancelled while Ray is unreachable (%s)", job_id, exc)
+        return self.finish(job_id, "cancelled", "cancelled by operator")
 
     def finish(self, job_id: str, state: str, reason: str, summary: dict | None = None) -> JobRecord:
         """Record a terminal state (from cancel, the supervisor or reconciliation)."""

@@ -49,7 +49,7 @@ async def require_operator_stream(
                                      description="for EventSource, which cannot send headers"),
 ) -> None:
     """The event stream alone may also take the token as ``?access_token=`` (the live page's
-    EventSource cannot set headers); the access log redacts it (coordinator.auth)."""
+    EventSource cannot set headers); the access log redacts it (coordinator.accesslog)."""
     _check_operator(settings, credentials.credentials if credentials else access_token)
 
 
