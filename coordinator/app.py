@@ -6,6 +6,7 @@ Importing this module does not import torch or Ray (a test checks ``sys.modules`
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -20,12 +21,16 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from coordinator.api import dashboard, health, jobs, metrics, policy, worker
+from coordinator.accesslog import tune_access_log
 from coordinator.auth import check_bind
+from coordinator.datadir import DataDirLock
+from coordinator.fastpath import TelemetryFastPath
+from coordinator.openapi import openapi_document
 from coordinator.launcher import Launcher, make_launcher
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.service import Conflict, Forbidden, JobNotFound, JobService
+from coordinator.service import Conflict, Forbidden, InvalidSpec, JobNotFound, JobService
 from coordinator.settings import Settings
-from coordinator.store import Store
+from coordinator.store import Store, StoreUnavailable
 from coordinator.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -38,22 +43,65 @@ def _version() -> str:
         return "0.0.0"
 
 
-class _BodyLimit:
-    """Refuse bodies over ``limit`` bytes (by Content-Length) before anything parses them."""
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Refuse bodies over ``limit`` bytes with 413, before anything parses them: at once by
+    ``Content-Length``, and for chunked bodies (no length) by counting bytes as they arrive,
+    so no more than ``limit`` bytes are ever read. Pure ASGI: it wraps ``receive``, and once
+    the limit is crossed it answers 413 itself (and closes the connection, whose unread body
+    is left behind) whatever the app was about to say."""
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app = app
         self.limit = limit
 
+    def _refusal(self) -> JSONResponse:
+        return JSONResponse({"detail": f"request body too large (limit {self.limit} bytes)"},
+                            status_code=413, headers={"Connection": "close"})
+
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http":
-            length = dict(scope.get("headers") or []).get(b"content-length")
-            if length is not None and (not length.isdigit() or int(length) > self.limit):
-                response = JSONResponse({"detail": f"request body too large (limit {self.limit} bytes)"},
-                                        status_code=413)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._refusal()(scope, receive, send)
+            return
+        received = 0
+        crossed = False
+        started = False
+
+        async def counted_receive() -> dict:
+            nonlocal received, crossed
+            if crossed:
+                raise _BodyTooLarge()
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    crossed = True
+                    raise _BodyTooLarge()
+            return message
+
+        async def guarded_send(message: dict) -> None:
+            nonlocal started
+            if crossed:
+                return  # the app's own answer to the cut-off body is replaced by the 413
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, guarded_send)
+        except _BodyTooLarge:
+            pass
+        except Exception:
+            if not crossed:
+                raise
+        if crossed and not started:
+            await self._refusal()(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None, *, launcher: Launcher | None = None,
@@ -62,8 +110,14 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     settings = settings or Settings()
     check_bind(settings.host, settings.token_value)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir_lock = DataDirLock(settings.data_dir).acquire()
+    tune_access_log()
 
-    store = Store(settings.db_url)
+    try:
+        store = Store(settings.db_url)
+    except Exception:
+        data_dir_lock.release()
+        raise
     launcher = launcher or make_launcher(settings)
     job_metrics = CoordinatorMetrics(store.counts_by_state, settings.metrics_grace_s)
     supervisor_box: list[Supervisor] = []
@@ -81,6 +135,7 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
             supervisor.stop()
             launcher.close()
             store.close()
+            data_dir_lock.release()
 
     app = FastAPI(
         title="gradwire coordinator",
@@ -92,11 +147,13 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     app.state.service = service
     app.state.supervisor = supervisor
 
-    for router in (jobs.router, policy.router, worker.router, health.router, metrics.router, dashboard.router):
+    for router in (jobs.router, jobs.stream_router, policy.router, worker.router, health.router, metrics.router, dashboard.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=dashboard.STATIC_DIR), name="static")
-    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(TelemetryFastPath, service=service, concise=_concise)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # added last: the outer one
     _error_handlers(app)
+    app.openapi = lambda: openapi_document(app, operator_auth=settings.token_value is not None)  # type: ignore[method-assign]
     return app
 
 
@@ -111,10 +168,38 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+#: An echoed input longer than this (as JSON) is left out of a 422: a response must never
+#: carry a huge request back.
+ECHO_LIMIT = 200
+
+
+def _concise(error: dict[str, Any]) -> dict[str, Any]:
+    """One validation error with its echoed ``input`` kept only when short."""
+    out = {k: v for k, v in error.items() if k not in ("input", "url", "ctx")}
+    if "input" in error:
+        try:
+            text = json.dumps(error["input"], default=str)
+        except (TypeError, ValueError):
+            text = "x" * (ECHO_LIMIT + 1)
+        if len(text) <= ECHO_LIMIT:
+            out["input"] = error["input"]
+    return out
+
+
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+        errors = jsonable_encoder([_concise(e) for e in exc.errors()[:20]])
+        return JSONResponse({"detail": _json_safe(errors)}, status_code=422)
+
+    @app.exception_handler(InvalidSpec)
+    async def _cannot_run(_request: Request, exc: InvalidSpec) -> JSONResponse:
+        return JSONResponse({"detail": [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]},
+                            status_code=422)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_request: Request, exc: StoreUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "10"})
 
     @app.exception_handler(JobNotFound)
     async def _not_found(_request: Request, exc: JobNotFound) -> JSONResponse:

@@ -62,11 +62,18 @@ def serve(
 ) -> None:
     """Run the coordinator (REST API, live page at /, /metrics). Without --ray-address it
     starts a local Ray head as its own process, which keeps running jobs alive across restarts."""
+    from pydantic import ValidationError
+
     from coordinator.auth import InsecureBindError, check_bind
     from coordinator.settings import Settings
 
     overrides = {"host": host, "port": port, "ray_address": ray_address}
-    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise _fail(f"invalid settings: {problems}", code=2) from None
     if stop_ray:
         from coordinator import raylocal
         from coordinator.demo import stop_coordinator
@@ -84,10 +91,18 @@ def serve(
     import uvicorn
 
     from coordinator.app import create_app
+    from coordinator.datadir import DataDirInUse
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info",
-                timeout_graceful_shutdown=5)
+    try:
+        app = create_app(settings)
+    except DataDirInUse as exc:
+        raise _fail(str(exc), code=2) from None
+    except OSError as exc:  # the data dir or database cannot be created/opened
+        raise _fail(f"cannot use data dir {settings.data_dir}: {exc.strerror or exc}", code=2) from None
+    except Exception as exc:  # noqa: BLE001 - e.g. SQLite refusing a read-only file: say so, no traceback
+        raise _fail(f"cannot open the database {settings.db_url}: {str(exc).splitlines()[0]}", code=2) from None
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=5)
 
 
 def _load_spec(path: Path) -> dict[str, Any]:

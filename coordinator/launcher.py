@@ -50,13 +50,20 @@ class Launcher(Protocol):
     status: str
 
     def connect(self) -> None: ...
+    def validate(self, config: TrainConfig) -> str | None: ...
     def capacity(self) -> Capacity | None: ...
     def launch(self, job_id: str, config: TrainConfig) -> None: ...
     def poll(self, job_id: str) -> RunStatus: ...
     def cancel(self, job_id: str) -> None: ...
     def release(self, job_id: str) -> None: ...
     def live_jobs(self) -> set[str]: ...
+    def sweep(self) -> None: ...
     def close(self) -> None: ...
+
+
+class RayUnavailable(RuntimeError):
+    """The Ray cluster stopped answering (head lost, GCS unreachable): the supervisor reports
+    it and reconnects; nothing about the jobs is decided until it can see the cluster again."""
 
 
 class NullLauncher:
@@ -67,6 +74,9 @@ class NullLauncher:
 
     def connect(self) -> None:
         pass
+
+    def validate(self, config: TrainConfig) -> str | None:
+        return None  # the external runner checks what it runs
 
     def capacity(self) -> Capacity | None:
         return None  # never launches
@@ -85,6 +95,9 @@ class NullLauncher:
 
     def live_jobs(self) -> set[str]:
         return set()
+
+    def sweep(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -159,9 +172,22 @@ class RayLauncher:
         except Exception as exc:
             self.status = f"error: {exc}"
             raise
-        self.address = address
+        self.address = ray.get_runtime_context().gcs_address
         self.status = "connected"
 
+    def validate(self, config: TrainConfig) -> str | None:
+        """What ``workers.runner.validate`` says about ``config`` (None: it can run). The very
+        check ``run_job`` makes before starting workers, made at submit so a spec that cannot
+        run (BERT beyond 512 positions, a batch larger than a worker's shard) is a 422 rather
+        than a job that fails seconds later. It imports torch, which is why it runs here, in
+        the driver process, and never in the web process."""
+        from workers.runner import validate
+
+        try:
+            validate(config)
+        except ValueError as exc:
+            return str(exc)
+        return None
     def capacity(self) -> Capacity | None:
         import ray
 
@@ -224,6 +250,30 @@ class RayLauncher:
             if entry["namespace"] == self._settings.ray_namespace and entry["name"].startswith(ACTOR_PREFIX)
         }
 
+    def sweep(self) -> None:
+        """Remove placement groups orphaned by a killed runner.
+
+        Cancel kills the runner actor; Ray then kills the Train controller it owns, but the
+        controller's placement group is fate-shared with the controller *and* its job — this
+        coordinator's driver job, which lives on — so its CPUs stayed reserved until the
+        coordinator exited and the next job sat at step 0. (Ray Train's own cleaner actor
+        needs the dashboard's state API, which a head without a dashboard lacks.) A group of
+        this driver's job whose creating actor is dead has no one left to use it: remove it.
+        """
+        import ray
+        from ray._private.state import state
+        from ray.core.generated import gcs_pb2
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        job_id = ray.get_runtime_context().get_job_id()
+        for raw in state._connect_and_get_accessor().get_placement_group_table():
+            pg = gcs_pb2.PlacementGroupTableData.FromString(raw)
+            if (pg.state == gcs_pb2.PlacementGroupTableData.REMOVED or pg.is_detached or not pg.creator_actor_id
+                    or not pg.creator_actor_dead or pg.creator_job_dead or pg.creator_job_id.hex() != job_id):
+                continue
+            log.warning("removing placement group %s of a stopped runner", pg.placement_group_id.hex())
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(pg.placement_group_id)))
+
     def close(self) -> None:
         import ray
 
@@ -232,4 +282,8 @@ class RayLauncher:
 
 
 def make_launcher(settings: Settings) -> Launcher:
-    return RayLauncher(settings) if settings.launcher == "ray" else NullLauncher()
+    if settings.launcher == "none":
+        return NullLauncher()
+    from coordinator.raybridge import RayBridge
+
+    return RayBridge(settings)

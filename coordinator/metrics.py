@@ -85,14 +85,20 @@ class CoordinatorMetrics:
         self.policy_switches = Counter(
             "gradwire_policy_switches_total", "Compressor switches decided for a job", ["job"], registry=r)
         r.register(_JobsByState(job_counts))
-        self._series: dict[str, set[tuple[object, tuple[str, ...]]]] = {}
+        # job -> {(metric, labels): child}: every series a job has, with its child cached (the
+        # telemetry path sets a dozen series per report; labels() would look each one up).
+        self._series: dict[str, dict[tuple[object, tuple[str, ...]], object]] = {}
         self._info: dict[str, tuple[str, ...]] = {}
         self._finished: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def _labels(self, metric: object, job_id: str, *values: str) -> object:
-        self._series.setdefault(job_id, set()).add((metric, (job_id, *values)))
-        return metric.labels(job_id, *values)  # type: ignore[attr-defined]
+        series = self._series.setdefault(job_id, {})
+        key = (metric, (job_id, *values))
+        child = series.get(key)
+        if child is None:
+            child = series[key] = metric.labels(job_id, *values)  # type: ignore[attr-defined]
+        return child
 
     def observe_report(self, job_id: str, t: Telemetry, *, previous_step: int,
                        shapes: list[list[int]] | None) -> None:
@@ -126,7 +132,7 @@ class CoordinatorMetrics:
             return
         if old is not None:
             self.compressor_info.remove(job_id, *old)
-            self._series.get(job_id, set()).discard((self.compressor_info, (job_id, *old)))
+            self._series.get(job_id, {}).pop((self.compressor_info, (job_id, *old)), None)
         self._labels(self.compressor_info, job_id, compressor, rank).set(1)  # type: ignore[attr-defined]
         self._info[job_id] = (compressor, rank)
 
@@ -145,7 +151,7 @@ class CoordinatorMetrics:
             for job_id, ended in list(self._finished.items()):
                 if now - ended < self.grace_s:
                     continue
-                for metric, labels in self._series.pop(job_id, set()):
+                for metric, labels in self._series.pop(job_id, {}):
                     try:
                         metric.remove(*labels)  # type: ignore[attr-defined]
                     except KeyError:

@@ -8,7 +8,7 @@ explicitly (that is the documented API, shown in ``/docs``) and is checked again
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,7 +20,15 @@ from pydantic import (
 )
 
 from compressors.spec import COMPRESSOR_NAMES, make_spec
-from workers.protocol import DATASET_NAMES, MODEL_NAMES, CompressionConfig, JobFields, TrainConfig
+from workers.protocol import (
+    DATASET_NAMES,
+    MODEL_NAMES,
+    CompressionConfig,
+    JobFields,
+    ModelProfile,
+    Telemetry,
+    TrainConfig,
+)
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -32,6 +40,11 @@ DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]
 
 _NUMBERS = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+#: A job name becomes part of a directory name (Ray Train's run directory) and of log lines:
+#: letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit — no path
+#: separators, no ``..``, no control characters.
+JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
 
 class JobSpec(JobFields):
     """A training job as a user submits it: ``workers.protocol.JobFields`` (the same fields,
@@ -41,6 +54,8 @@ class JobSpec(JobFields):
 
     model_config = _NUMBERS
 
+    name: str = Field(default="job", min_length=1, max_length=128, pattern=JOB_NAME_PATTERN,
+                      description="letters, digits, '.', '_' and '-' (it names the run's directory)")
     model: ModelName = "mlp"
     dataset: DatasetName = "synthetic"
     use_gpu: StrictBool = False
@@ -62,6 +77,48 @@ class JobSpec(JobFields):
             job_token=job_token,
             coordinator_url=coordinator_url,
         )
+
+
+#: Bounds of the integers a report carries: far above any real run, far below SQLite's 2**63.
+MAX_REPORTED_STEP = 10**12
+MAX_WORLD_SIZE = 1024  # JobFields.workers' bound
+
+
+class ReportedProfile(ModelProfile):
+    """A worker's :class:`~workers.protocol.ModelProfile` as the REST boundary accepts it:
+    finite times and tensor dimensions a real model has."""
+
+    model_config = _NUMBERS
+
+    shapes: list[list[Annotated[int, Field(ge=0, le=2**40)]]]
+    buckets: list[list[Annotated[int, Field(ge=0, le=2**40)]]] = []
+
+
+class TelemetryReport(Telemetry):
+    """``POST /v1/jobs/{id}/telemetry``: the worker's :class:`~workers.protocol.Telemetry`
+    checked strictly at the REST boundary. No float may be NaN or infinite (the model config
+    covers every float field, including ones added to ``Telemetry`` later), integers stay
+    within bounds a database column holds, and the compressor is one gradwire knows (its name
+    becomes a Prometheus label value)."""
+
+    model_config = _NUMBERS
+
+    step: int = Field(ge=0, le=MAX_REPORTED_STEP)
+    steps: int | None = Field(default=None, ge=1, le=MAX_REPORTED_STEP)
+    world_size: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE)
+    decision_version: int = Field(default=0, ge=0, le=MAX_REPORTED_STEP)
+    compressor: str | None = None
+    rank: int | None = Field(default=None, ge=1, le=4096)
+    ratio: float | None = Field(default=None, gt=0, le=1)
+    wall_time: float | None = Field(default=None, ge=0)
+    profile: ReportedProfile | None = None
+
+    @field_validator("compressor")
+    @classmethod
+    def _known_compressor(cls, value: str | None) -> str | None:
+        if value is not None and value not in COMPRESSOR_NAMES:
+            raise ValueError(f"unknown compressor {value[:40]!r}; choose one of {', '.join(COMPRESSOR_NAMES)}")
+        return value
 
 
 class PinnedPolicy(BaseModel):
@@ -187,8 +244,12 @@ class JobHistory(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"]
+    """``GET /healthz``. ``status`` is ``degraded`` when Ray or the database is not usable
+    right now (the API still answers); ``ray`` and ``database`` say why."""
+
+    status: Literal["ok", "degraded"]
     version: str
     launcher: Literal["ray", "none"]
     ray: str
+    database: str
     jobs: dict[str, int]

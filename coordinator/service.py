@@ -15,7 +15,7 @@ from typing import Callable
 
 from coordinator.auth import new_job_token, token_matches
 from coordinator.decisions import DecisionLoop
-from coordinator.launcher import Launcher
+from coordinator.launcher import Launcher, RayUnavailable
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.schemas import (
     AdaptivePolicy,
@@ -42,6 +42,10 @@ class Conflict(RuntimeError):
     """The request is valid but the job's state forbids it (e.g. cancelling a finished job)."""
 
 
+class InvalidSpec(ValueError):
+    """The spec is well-formed but cannot run (the launcher's check); mapped to 422."""
+
+
 class Forbidden(PermissionError):
     """A worker endpoint was called without this job's token."""
 
@@ -66,7 +70,11 @@ class JobService:
     # ---- operator side -------------------------------------------------------------------
 
     def submit(self, spec: JobSpec) -> tuple[JobRecord, str]:
-        """Store a queued job with its first decision; the supervisor launches it."""
+        """Check that the spec can run, then store a queued job with its first decision; the
+        supervisor launches it."""
+        problem = self.launcher.validate(spec.to_train_config())
+        if problem:
+            raise InvalidSpec(problem)
         now = self._clock()
         mode = spec.compression.mode
         job = self.store.create_job(
@@ -92,13 +100,20 @@ class JobService:
                           decisions=self.store.decisions(job_id), transitions=self.store.transitions(job_id))
 
     def cancel(self, job_id: str) -> JobRecord:
-        with self._lock:
-            job = self.get(job_id)
-            if job.terminal:
-                raise Conflict(f"job {job_id} is already {job.state}")
-            if job.state == "running":
+        """Stop the runner, then record ``cancelled``. The Ray call runs without the service
+        lock: telemetry is handled on the event loop and must never wait for Ray. A job that
+        ended meanwhile makes the recording a :class:`Conflict`."""
+        job = self.get(job_id)
+        if job.terminal:
+            raise Conflict(f"job {job_id} is already {job.state}")
+        if job.state == "running":
+            try:
                 self.launcher.cancel(job_id)
-            return self.finish(job_id, "cancelled", "cancelled by operator")
+            except RayUnavailable as exc:
+                # Recorded anyway: reconciliation stops the runner of a job that is not
+                # running once Ray is back (if it survived at all).
+                log.warning("job %s cancelled while Ray is unreachable (%s)", job_id, exc)
+        return self.finish(job_id, "cancelled", "cancelled by operator")
 
     def finish(self, job_id: str, state: str, reason: str, summary: dict | None = None) -> JobRecord:
         """Record a terminal state (from cancel, the supervisor or reconciliation)."""
@@ -160,21 +175,29 @@ class JobService:
 
     def ingest(self, job_id: str, t: Telemetry) -> Decision:
         """Apply one report: snapshot, history (downsampled), metrics, maybe a new decision.
-        Returns the decision in force, so a worker may skip its next GET."""
+        Returns the decision in force, so a worker may skip its next GET.
+
+        A report is stamped with when rank 0 measured it (``wall_time``, never later than
+        now), not when it arrived: a report that waited out an unreachable coordinator keeps
+        its place in the history. One measured before the latest stored report is *stale*:
+        it is counted and may join the history, but does not overwrite the job's snapshot."""
         with self._lock:
             job = self.get(job_id)
             if job.terminal:
                 raise Conflict(f"job {job_id} is {job.state}; telemetry is no longer accepted")
             now = self._clock()
+            at = min(t.wall_time, now) if t.wall_time is not None else now
+            stale = job.reported_at is not None and at < job.reported_at
             profile = t.profile or job.profile
             current = self._latest(job_id)
-            decision = self.decisions.on_report(job_id, job.policy_mode, job.spec.compression, current, t,
-                                                profile, now)
+            decision = None if stale else self.decisions.on_report(
+                job_id, job.policy_mode, job.spec.compression, current, t, profile, now)
             keep = (job.last_history_at is None or now - job.last_history_at >= self.settings.history_interval_s
                     or t.compressor != job.compressor or t.rank != job.rank or _last_step(job, t))
-            point = _point(t, now) if keep else None
+            point = _point(t, at) if keep else None
             self.store.record_report(job_id, snapshot=_snapshot(t, job), history=point, decision=decision,
-                                     start_running=True, now=now, max_rows=self.settings.history_max_rows)
+                                     start_running=True, now=now, max_rows=self.settings.history_max_rows,
+                                     stale=stale)
             self.metrics.observe_report(job_id, t, previous_step=job.step,
                                         shapes=profile.shapes if profile else None)
             if decision is not None:

@@ -61,6 +61,20 @@ class Settings(BaseSettings):
     #: Requests with a larger body are refused with 413 before they are parsed.
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
 
+    @field_validator("token")
+    @classmethod
+    def _not_blank(cls, value: SecretStr | None) -> SecretStr | None:
+        """An empty token means "none"; one of only whitespace is a mistake (a shell quoting
+        slip, an unfilled template) that must not pass for a configured secret."""
+        if value is None or value.get_secret_value() == "":
+            return value
+        secret = value.get_secret_value()
+        if not secret.strip():
+            raise ValueError("GRADWIRE_TOKEN is blank (only whitespace); set a real token or leave it unset")
+        if secret != secret.strip():
+            raise ValueError("GRADWIRE_TOKEN has leading or trailing whitespace; a bearer header cannot carry it")
+        return value
+
     @field_validator("ray_port")
     @classmethod
     def _outside_worker_ports(cls, value: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,6 +22,7 @@ from sqlalchemy import (
     Integer,
     String,
     UniqueConstraint,
+    bindparam,
     create_engine,
     delete,
     event,
@@ -29,6 +30,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from coordinator.schemas import (
@@ -130,6 +132,20 @@ class TelemetryRow(Base):
     point: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
+#: Columns a telemetry report may change: the hot path writes them all with one prepared
+#: UPDATE (SQLAlchemy caches its compiled form), from the job's cached record.
+_REPORT_COLUMNS = ("state", "reason", "started_at", "updated_at", "reported_at", "last_history_at", "step",
+                   "steps", "loss", "samples_per_second", "bandwidth", "latency", "phase_seconds",
+                   "bytes_sent_per_step", "world_size", "grad_norm", "compressor", "rank", "ratio",
+                   "decision_version")
+_JOBS = JobRow.__table__
+_REPORT_UPDATE = (
+    _JOBS.update().where(_JOBS.c.id == bindparam("p_job_id"))  # type: ignore[attr-defined]
+    .values({name: bindparam(f"p_{name}") for name in _REPORT_COLUMNS} | {"report_seq": _JOBS.c.report_seq + 1})  # type: ignore[attr-defined]
+)
+_PROFILE_UPDATE = _JOBS.update().where(_JOBS.c.id == bindparam("p_job_id")).values(profile=bindparam("p_profile"))  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class JobRecord:
     """A job row as the domain code sees it (including the fields the API never shows)."""
@@ -212,6 +228,11 @@ class StoredEvent:
     data: dict[str, Any]
 
 
+class StoreUnavailable(RuntimeError):
+    """The database refused a write (disk full, read-only file system, I/O error). Nothing of
+    the request was written; the message says what the database reported."""
+
+
 class InvalidTransition(RuntimeError):
     def __init__(self, job_id: str, from_state: str, to_state: str) -> None:
         super().__init__(f"job {job_id} is {from_state}; it cannot become {to_state}")
@@ -233,6 +254,13 @@ def _decision(row: DecisionRow) -> DecisionRecord:
     )
 
 
+def _is_storage_fault(exc: DBAPIError) -> bool:
+    """Faults of the storage below the database (not of a query): worth a 503, not a 500."""
+    text = str(exc.orig).lower()
+    return any(word in text for word in ("disk is full", "readonly", "read-only", "disk i/o",
+                                         "unable to open", "database is locked"))
+
+
 def make_engine(url: str) -> Engine:
     """An engine with SQLite tuned for one writer and many readers (WAL, busy timeout)."""
     is_sqlite = url.startswith("sqlite")
@@ -247,6 +275,10 @@ def make_engine(url: str) -> Engine:
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
             cursor = dbapi_conn.cursor()
             cursor.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: a commit is durable against a crash of the coordinator (the WAL is
+            # on disk); only an OS crash or power loss can lose the last commits. Spares
+            # every telemetry report an fsync.
+            cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=30000")
             cursor.close()
@@ -261,9 +293,21 @@ class Store:
         self.engine = make_engine(url)
         Base.metadata.create_all(self.engine)
         self._write_lock = threading.RLock()
+        # Write-through caches of job rows and latest decisions. Sound because this process
+        # is the only writer (coordinator.datadir locks the data dir) and every write goes
+        # through this class; they spare the telemetry path its reads.
+        self._jobs: dict[str, JobRecord] = {}
+        self._decisions: dict[str, DecisionRecord] = {}
+        self._pending: list[Any] = []
+        #: What the database said when the last write failed; None once a write succeeds.
+        self.write_error: str | None = None
 
     def close(self) -> None:
         self.engine.dispose()
+
+    def health(self) -> str:
+        """``ok``, or why the last write failed (what ``/healthz`` shows)."""
+        return "ok" if self.write_error is None else f"error: {self.write_error}"
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
@@ -272,8 +316,47 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        with self._write_lock, Session(self.engine, expire_on_commit=False) as session, session.begin():
-            yield session
+        """One transaction; a database fault becomes :class:`StoreUnavailable` (rolled back).
+        Records handed to :meth:`_remember` inside it reach the cache only once it committed."""
+        with self._write_lock:
+            self._pending = []
+            try:
+                with Session(self.engine, expire_on_commit=False) as session, session.begin():
+                    yield session
+            except DBAPIError as exc:
+                self._pending = []
+                if not _is_storage_fault(exc):
+                    raise
+                self.write_error = str(exc.orig).splitlines()[0][:200]
+                raise StoreUnavailable(f"the database cannot be written: {self.write_error}") from None
+            except BaseException:
+                self._pending = []
+                raise
+            for item in self._pending:
+                if isinstance(item, JobRecord):
+                    self._jobs[item.id] = item
+                else:
+                    self._decisions[item[0]] = item[1]
+            self._pending = []
+            self.write_error = None
+
+    def _remember(self, record: JobRecord) -> JobRecord:
+        """Cache ``record`` once the current transaction commits (see :meth:`_write`)."""
+        self._pending.append(record)
+        return record
+
+    def _cached(self, job_id: str, s: Session | None = None) -> JobRecord | None:
+        record = self._jobs.get(job_id)
+        if record is None:
+            if s is None:
+                with self._read() as session:
+                    row = session.get(JobRow, job_id)
+            else:
+                row = s.get(JobRow, job_id)
+            if row is None:
+                return None
+            record = self._jobs.setdefault(job_id, _record(row))
+        return record
 
     # ---- jobs ----------------------------------------------------------------------------
 
@@ -294,12 +377,10 @@ class Store:
             self._add_event(s, job_id, now, "state", Transition(
                 at=now, from_state=None, to_state="queued", reason="submitted").model_dump())
             self._add_decision(s, job_id, decision)
-            return _record(row)
+            return self._remember(_record(row))
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        with self._read() as s:
-            row = s.get(JobRow, job_id)
-            return _record(row) if row else None
+        return self._cached(job_id)
 
     def list_jobs(self, *, state: str | None = None, limit: int = 200) -> list[JobRecord]:
         query = select(JobRow).order_by(JobRow.created_at.desc()).limit(limit)
@@ -340,7 +421,7 @@ class Store:
                 setattr(row, name, value)
             self._add_event(s, job_id, now, "state", Transition(
                 at=now, from_state=from_state, to_state=to_state, reason=reason).model_dump())  # type: ignore[arg-type]
-            return _record(row)
+            return self._remember(_record(row))
 
     def update_job(self, job_id: str, **columns: Any) -> JobRecord:
         """Change bookkeeping columns (reason, reservations) without an event."""
@@ -350,34 +431,44 @@ class Store:
                 raise KeyError(job_id)
             for name, value in columns.items():
                 setattr(row, name, value)
-            return _record(row)
+            return self._remember(_record(row))
 
     def record_report(self, job_id: str, *, snapshot: dict[str, Any], history: TelemetryPoint | None,
                       decision: DecisionRecord | None, start_running: bool, now: float,
-                      max_rows: int) -> JobRecord:
+                      max_rows: int, stale: bool = False) -> JobRecord:
         """Apply one telemetry report: the snapshot, maybe a history row, maybe a new decision,
-        and queued → running when a worker is evidently running. One transaction."""
+        and queued → running when a worker is evidently running. One transaction, one UPDATE
+        of the job row (the hot path of the coordinator: no ORM load, no re-read).
+        ``stale``: a report measured before the latest one stored; it counts and may add a
+        history row, but does not overwrite the snapshot."""
         with self._write() as s:
-            row = s.get(JobRow, job_id)
-            if row is None:
+            job = self._cached(job_id, s)
+            if job is None:
                 raise KeyError(job_id)
-            if start_running and row.state == "queued":
-                row.state, row.started_at, row.reason = "running", now, "telemetry received"
+            values: dict[str, Any] = {} if stale else dict(snapshot)
+            if start_running and job.state == "queued":
+                values.update(state="running", started_at=now, reason="telemetry received")
                 self._add_event(s, job_id, now, "state", Transition(
                     at=now, from_state="queued", to_state="running", reason="telemetry received").model_dump())
-            for name, value in snapshot.items():
-                setattr(row, name, value)
-            row.report_seq += 1
-            row.reported_at = row.updated_at = now
+            values["updated_at"] = now
+            if not stale:
+                values["reported_at"] = history.at if history is not None else now
             if history is not None:
-                row.last_history_at = now
+                values["last_history_at"] = now
                 s.add(TelemetryRow(job_id=job_id, at=history.at, step=history.step,
                                    point=history.model_dump(mode="json")))
                 self._thin_history(s, job_id, max_rows)
             if decision is not None:
                 self._add_decision(s, job_id, decision)
-                row.decision_version = decision.version
-            return _record(row)
+                values["decision_version"] = decision.version
+            profile = values.pop("profile", None)
+            new = replace(job, report_seq=job.report_seq + 1, **values,
+                          **({"profile": ModelProfile.model_validate(profile)} if profile else {}))
+            params = {f"p_{name}": getattr(new, name) for name in _REPORT_COLUMNS}
+            s.connection().execute(_REPORT_UPDATE, {"p_job_id": job_id, **params})
+            if profile:
+                s.connection().execute(_PROFILE_UPDATE, {"p_job_id": job_id, "p_profile": profile})
+            return self._remember(new)
 
     def set_decision(self, job_id: str, decision: DecisionRecord, *, policy_mode: str,
                      now: float) -> JobRecord:
@@ -391,16 +482,19 @@ class Store:
             if decision.version > row.decision_version:
                 self._add_decision(s, job_id, decision)
                 row.decision_version = decision.version
-            return _record(row)
+            return self._remember(_record(row))
 
     # ---- decisions, history, events ------------------------------------------------------
 
     def latest_decision(self, job_id: str) -> DecisionRecord | None:
+        cached = self._decisions.get(job_id)
+        if cached is not None:
+            return cached
         query = (select(DecisionRow).where(DecisionRow.job_id == job_id)
                  .order_by(DecisionRow.version.desc()).limit(1))
         with self._read() as s:
             row = s.scalars(query).first()
-            return _decision(row) if row else None
+            return self._decisions.setdefault(job_id, _decision(row)) if row else None
 
     def decisions(self, job_id: str) -> list[DecisionRecord]:
         query = select(DecisionRow).where(DecisionRow.job_id == job_id).order_by(DecisionRow.version)
@@ -408,7 +502,8 @@ class Store:
             return [_decision(row) for row in s.scalars(query)]
 
     def telemetry(self, job_id: str) -> list[TelemetryPoint]:
-        query = select(TelemetryRow).where(TelemetryRow.job_id == job_id).order_by(TelemetryRow.id)
+        query = (select(TelemetryRow).where(TelemetryRow.job_id == job_id)
+                 .order_by(TelemetryRow.at, TelemetryRow.id))
         with self._read() as s:
             return [TelemetryPoint.model_validate(row.point) for row in s.scalars(query)]
 
@@ -430,6 +525,7 @@ class Store:
         s.add(EventRow(job_id=job_id, at=at, kind=kind, data=data))
 
     def _add_decision(self, s: Session, job_id: str, d: DecisionRecord) -> None:
+        self._pending.append((job_id, d))
         s.add(DecisionRow(job_id=job_id, version=d.version, compressor=d.compressor, params=d.params,
                           reason=d.reason, predicted_gain=d.predicted_gain, source=d.source, at=d.at))
         self._add_event(s, job_id, d.at, "decision", d.model_dump(mode="json"))

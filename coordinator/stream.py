@@ -1,8 +1,12 @@
 """The live event stream of one job (served as server-sent events by ``api/jobs.py``).
 
-On connect the client gets a ``snapshot`` (the job and its whole stored history), then, as
-they happen: ``telemetry`` (every report, not only the downsampled ones), ``state``,
-``decision`` and ``policy`` events, and a final ``end`` once the job is finished. The stream
+On connect the client gets a ``snapshot`` (the job and its whole stored history), then
+``state``, ``decision`` and ``policy`` events — every one, in order, with its event id — and
+a final ``end`` once the job is finished. ``telemetry`` is sampled, not a log: at most one
+event per poll (``sse_poll_s``, 0.5 s by default) carrying the *latest* report, with
+``reports`` (how many the job has sent) and ``skipped`` (how many arrived since the previous
+telemetry event and are not sent on their own; the downsampled ones are in the history). A
+live page wants the current numbers, not a backlog it would have to replay. The stream
 reads the database rather than an in-process bus, so it works unchanged after a restart and
 with any number of watchers; a reconnecting client simply gets a fresh snapshot.
 """
@@ -36,10 +40,11 @@ async def job_events(service: JobService, job_id: str, poll_s: float,
             last_event = e.id
             yield _message(e.kind, e.data, e.id)
         if job.report_seq != seq:
-            seq = job.report_seq
+            skipped, seq = job.report_seq - seq - 1, job.report_seq
             point = job.live_point()
             yield _message("telemetry", {"job": job.status().model_dump(mode="json"),
-                                         "point": point.model_dump(mode="json") if point else None})
+                                         "point": point.model_dump(mode="json") if point else None,
+                                         "reports": seq, "skipped": skipped})
         if job.terminal:
             yield _message("end", job.status().model_dump(mode="json"))
             return

@@ -9,7 +9,13 @@ One thread, one round every ``poll_interval_s`` (sooner after a submit):
 3. Launch queued jobs, oldest first, while the cluster has CPUs (GPUs) for their workers.
    The queue is FIFO: a job that fits waits behind an older one that does not yet fit, so big
    jobs are not starved; a job larger than the whole cluster waits without blocking others.
-4. Drop Prometheus series of jobs that ended more than the grace period ago.
+4. Drop Prometheus series of jobs that ended more than the grace period ago, and let the
+   launcher sweep up what stopped runners left behind (their placement groups).
+
+When Ray goes away (:class:`~coordinator.launcher.RayUnavailable`) the loop reports it — the
+running jobs' reason says so, ``/healthz`` says ``lost`` — and goes back to step 1: connect
+again (the launcher restarts an embedded local head; an external cluster is waited for),
+then reconcile, which fails the jobs whose runner did not survive, saying the head was lost.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ import logging
 import threading
 import time
 
-from coordinator.launcher import Capacity, Launcher
+from coordinator.launcher import Capacity, Launcher, RayUnavailable
 from coordinator.service import Conflict, JobService
 from coordinator.store import InvalidTransition, JobRecord
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two sweeps for what stopped runners left behind on the cluster.
+SWEEP_INTERVAL_S = 2.0
 
 
 def _needs(job: JobRecord) -> tuple[float, float]:
@@ -39,6 +48,9 @@ class Supervisor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # set after connect + reconcile
+        #: When and why Ray was last lost (None: never, since this process started).
+        self.lost: tuple[float, str] | None = None
+        self._last_sweep = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._main, name="gradwire-supervisor", daemon=True)
@@ -54,28 +66,46 @@ class Supervisor:
             self._thread.join(timeout_s)
 
     def _main(self) -> None:
+        while not self._stop.is_set():
+            if not self._connect():
+                return
+            self._guard(self.reconcile)
+            self.ready.set()
+            try:
+                while not self._stop.is_set():
+                    self._guard(self.tick)
+                    self._wake.wait(self.interval_s)
+                    self._wake.clear()
+            except RayUnavailable as exc:
+                self._ray_lost(str(exc))
+
+    def _connect(self) -> bool:
+        """Connect, retrying with backoff; False when asked to stop meanwhile."""
         delay = 1.0
         while not self._stop.is_set():
             try:
                 self.launcher.connect()
-                break
+                return True
             except Exception as exc:  # noqa: BLE001 - keep serving the API; retry Ray later
                 log.error("cannot reach Ray (%s); retrying in %.0f s", exc, delay)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 30.0)
-        if self._stop.is_set():
-            return
-        self._guard(self.reconcile)
-        self.ready.set()
-        while not self._stop.is_set():
-            self._guard(self.tick)
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
+        return False
+
+    def _ray_lost(self, why: str) -> None:
+        """Say on every running job what happened; their fate is decided after reconnecting."""
+        self.lost = (time.time(), why)
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.lost[0]))
+        for job in self.service.store.jobs_in("running"):
+            self._set_reason(job, f"Ray head lost at {stamp} ({why}); reconnecting to see whether "
+                                  "the job survived")
 
     @staticmethod
     def _guard(step: object) -> None:
         try:
             step()  # type: ignore[operator]
+        except RayUnavailable:
+            raise
         except Exception:  # noqa: BLE001 - one bad round must not end supervision
             log.exception("supervisor round failed")
 
@@ -85,8 +115,14 @@ class Supervisor:
         for job_id in running:
             status = self.launcher.poll(job_id)
             if status.state == "missing":
-                self._finish(job_id, "failed", f"{status.error} after a coordinator restart "
-                             "(the Ray cluster or the runner was lost)")
+                if self.lost is not None:
+                    stamp = time.strftime("%H:%M:%S", time.localtime(self.lost[0]))
+                    reason = (f"the Ray head was lost at {stamp} ({self.lost[1]}); the job's runner "
+                              "did not survive it")
+                else:
+                    reason = (f"{status.error} after a coordinator restart "
+                              "(the Ray cluster or the runner was lost)")
+                self._finish(job_id, "failed", reason)
             else:
                 log.info("job %s re-attached to its runner actor", job_id)
         for job_id in self.launcher.live_jobs() - set(running):
@@ -103,7 +139,11 @@ class Supervisor:
     def tick(self) -> None:
         self._poll_running()
         self._launch_queued()
-        self.service.metrics.sweep(time.time())
+        now = time.time()
+        self.service.metrics.sweep(now)
+        if now - self._last_sweep >= SWEEP_INTERVAL_S:
+            self._last_sweep = now
+            self.launcher.sweep()
 
     def _poll_running(self) -> None:
         for job in self.service.store.jobs_in("running"):

@@ -10,16 +10,16 @@ from coordinator.service import JobService
 from coordinator.settings import Settings
 from coordinator.store import JobRecord
 
-_bearer = HTTPBearer(auto_error=False, description="GRADWIRE_TOKEN (operator) or the job's worker token")
+bearer = HTTPBearer(auto_error=False, description="GRADWIRE_TOKEN (operator) or the job's worker token")
 
 UNAUTHORIZED = "missing or wrong bearer token"
 
 
-def get_service(request: Request) -> JobService:
+async def get_service(request: Request) -> JobService:
     return request.app.state.service
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -27,24 +27,36 @@ def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(status.HTTP_401_UNAUTHORIZED, detail=detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-def require_operator(
-    settings: Settings = Depends(get_settings),
-    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
-    access_token: str | None = Query(default=None, description="for EventSource, which cannot send headers"),
-) -> None:
-    """With ``GRADWIRE_TOKEN`` set, every ``/v1`` operator route needs it."""
+def _check_operator(settings: Settings, presented: str | None) -> None:
     expected = settings.token_value
-    if expected is None:
-        return
-    presented = credentials.credentials if credentials else access_token
-    if not token_matches(presented, expected):
+    if expected is not None and not token_matches(presented, expected):
         raise _unauthorized(UNAUTHORIZED)
 
 
-def worker_job(
+async def require_operator(
+    settings: Settings = Depends(get_settings),
+    credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+) -> None:
+    """With ``GRADWIRE_TOKEN`` set, every ``/v1`` operator route needs it, in the
+    ``Authorization`` header (a URL would put it in access logs and browser histories)."""
+    _check_operator(settings, credentials.credentials if credentials else None)
+
+
+async def require_operator_stream(
+    settings: Settings = Depends(get_settings),
+    credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+    access_token: str | None = Query(default=None, max_length=512,
+                                     description="for EventSource, which cannot send headers"),
+) -> None:
+    """The event stream alone may also take the token as ``?access_token=`` (the live page's
+    EventSource cannot set headers); the access log redacts it (coordinator.accesslog)."""
+    _check_operator(settings, credentials.credentials if credentials else access_token)
+
+
+async def worker_job(
     job_id: str,
     service: JobService = Depends(get_service),
-    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),
+    credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
 ) -> JobRecord:
     """Worker routes take the job's own token only (never the operator's)."""
     return service.authorize_worker(job_id, credentials.credentials if credentials else None)

@@ -5,13 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Request, status
 from sse_starlette import EventSourceResponse
 
-from coordinator.api.deps import get_service, get_settings, require_operator
+from coordinator.api.deps import get_service, get_settings, require_operator, require_operator_stream
 from coordinator.schemas import JobCreated, JobHistory, JobSpec, JobState, JobStatus
 from coordinator.service import JobService
 from coordinator.settings import Settings
 from coordinator.stream import job_events
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_operator)])
+#: The event stream has its own router: it alone accepts the token as a query parameter.
+stream_router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(require_operator_stream)])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobCreated)
@@ -41,9 +43,11 @@ def job_history(job_id: str, service: JobService = Depends(get_service)) -> JobH
     return service.history(job_id)
 
 
-@router.get("/{job_id}/events", response_class=EventSourceResponse,
+@stream_router.get("/{job_id}/events", response_class=EventSourceResponse,
             responses={200: {"content": {"text/event-stream": {}},
-                             "description": "snapshot, telemetry, state, decision, policy, end"}})
+                             "description": "snapshot; then every state, decision and policy event; the latest "
+                                            "telemetry report at most once per sse_poll_s (with reports/skipped "
+                                            "counts); end"}})
 def job_event_stream(job_id: str, request: Request, service: JobService = Depends(get_service),
                      settings: Settings = Depends(get_settings)) -> EventSourceResponse:
     service.get(job_id)  # 404 before the stream starts

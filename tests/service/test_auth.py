@@ -74,7 +74,7 @@ def test_app_refuses_a_public_address_without_a_token(tmp_path):
     with pytest.raises(InsecureBindError, match="refusing to listen on '0.0.0.0' without a token"):
         create_app(Settings(host="0.0.0.0", launcher="none", data_dir=tmp_path))
     create_app(Settings(host="0.0.0.0", token=TOKEN, launcher="none", data_dir=tmp_path))  # with one: fine
-    create_app(Settings(host="::1", launcher="none", data_dir=tmp_path))  # loopback: fine
+    create_app(Settings(host="::1", launcher="none", data_dir=tmp_path / "other"))  # loopback: fine
 
 
 def test_serve_refuses_a_public_address_without_a_token(tmp_path):

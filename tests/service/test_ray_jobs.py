@@ -202,3 +202,40 @@ def test_real_job_survives_a_coordinator_restart(serve):
     done = wait_state(again.url, job["id"], TERMINAL, timeout_s=240)
     assert done["state"] == "succeeded", done
     assert done["step"] == 1500
+
+
+@needs_real_runner
+@pytest.mark.timeout(420)
+def test_cancelling_a_running_ray_train_job_frees_its_cpus_for_the_next_job(serve, ray_session):
+    """Issue 17.1: the cancelled job's placement group used to keep both CPUs reserved until
+    the coordinator exited, and the next job sat at "running, step 0"."""
+    import ray
+
+    coordinator = serve(runner=REAL)
+    url = coordinator.url
+    long = post(url, {**SMALLEST_SPEC, "name": "long", "steps": 100_000, "report_interval_s": 0.5})
+    # The first report comes from a started worker group, i.e. after its placement group exists.
+    wait_for(lambda: job_of(url, long["id"])["step"] > 0, 200, "the first report")
+    assert ray.available_resources().get("CPU", 0) == 0  # both CPUs held by the job's group
+    cancelled = httpx.post(f"{url}/v1/jobs/{long['id']}/cancel", timeout=60)
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+
+    following = post(url, {**SMALLEST_SPEC, "name": "next"})
+    done = wait_state(url, following["id"], TERMINAL, timeout_s=240)
+    assert done["state"] == "succeeded", done
+    wait_for(lambda: ray.available_resources().get("CPU", 0) == 2, 60, "every CPU free again")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"model": "bert-base", "seq_len": 1024}, "seq_len must be between 2 and 512 for 'bert-base', got 1024"),
+    ({"dataset": "digits", "batch_size": 4096},
+     "per-worker batch_size 4096 is larger than each worker's shard of dataset 'digits'"),
+], ids=["bert-seq-len", "batch-over-shard"])
+def test_a_spec_that_cannot_run_is_422_at_submit(serve, changes, message):
+    """Issue 17.10: these used to be accepted and fail seconds later."""
+    coordinator = serve()
+    response = httpx.post(f"{coordinator.url}/v1/jobs", json={**SMALLEST_SPEC, **changes}, timeout=60)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"][0]["msg"].startswith(message)
+    assert httpx.get(f"{coordinator.url}/v1/jobs", timeout=10).json() == []
