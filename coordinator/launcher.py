@@ -175,9 +175,13 @@ class RayLauncher:
         import ray
 
         actor_cls = ray.remote(JobRunner)
+        # The job's runtime_env goes on its runner actor, as Ray expects it; Ray uploads local
+        # working_dir/py_modules from here, and the Train controller and workers the actor
+        # starts inherit it (Ray merges a child's runtime_env into its parent's).
+        runtime_env = config.runtime_env.to_ray() if config.runtime_env else None
         actor = actor_cls.options(
             name=self._name(job_id), namespace=self._settings.ray_namespace, lifetime="detached",
-            get_if_exists=True, num_cpus=0, max_restarts=0,
+            get_if_exists=True, num_cpus=0, max_restarts=0, runtime_env=runtime_env,
         ).remote(self._settings.runner, config.model_dump(mode="json"), self._settings.run_storage)
         ray.get(actor.start.remote(), timeout=120)
 

@@ -25,6 +25,7 @@ from coordinator.schemas import (
     PinnedPolicy,
     PolicyView,
     TelemetryPoint,
+    WorkerGroupEvent,
 )
 from coordinator.settings import Settings
 from coordinator.store import InvalidTransition, JobRecord, Store
@@ -89,7 +90,8 @@ class JobService:
     def history(self, job_id: str) -> JobHistory:
         job = self.get(job_id)
         return JobHistory(job=job.status(), telemetry=self.store.telemetry(job_id),
-                          decisions=self.store.decisions(job_id), transitions=self.store.transitions(job_id))
+                          decisions=self.store.decisions(job_id), transitions=self.store.transitions(job_id),
+                          worker_groups=self.store.worker_groups(job_id))
 
     def cancel(self, job_id: str) -> JobRecord:
         with self._lock:
@@ -166,6 +168,7 @@ class JobService:
             if job.terminal:
                 raise Conflict(f"job {job_id} is {job.state}; telemetry is no longer accepted")
             now = self._clock()
+            self._note_worker_group(job, t, now)
             profile = t.profile or job.profile
             current = self._latest(job_id)
             decision = self.decisions.on_report(job_id, job.policy_mode, job.spec.compression, current, t,
@@ -181,8 +184,26 @@ class JobService:
                 self.metrics.record_switch(job_id)
                 log.info("job %s decision v%d: %s", job_id, decision.version, decision.reason)
             final = decision or current
+            if job.spec.external and _last_step(job, t):
+                self.finish(job_id, "succeeded", "training finished (reported by the external job's workers)")
             return Decision(version=final.version, compressor=final.compressor, params=final.params,
                             reason=final.reason, predicted_gain=final.predicted_gain)
+
+    def _note_worker_group(self, job: JobRecord, t: Telemetry, now: float) -> None:
+        """A report from a worker group not seen before: the first one, or a restart (Ray
+        Train restarted the group after a crash) that the history and live page show."""
+        if t.worker_group is None:
+            return
+        last = self.store.last_worker_group(job.id)
+        if last == t.worker_group:
+            return
+        restart = last is not None
+        self.store.add_worker_group(job.id, WorkerGroupEvent(
+            at=now, worker_group=t.worker_group, restart=restart, resumed_from_step=t.resumed_from_step,
+            last_reported_step=job.step, world_size=t.world_size))
+        if restart:
+            log.warning("job %s: worker group restarted (resumed from step %s, last reported step %d)",
+                        job.id, t.resumed_from_step, job.step)
 
 
 def _last_step(job: JobRecord, t: Telemetry) -> bool:

@@ -22,11 +22,19 @@ from workers.protocol import TrainConfig
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
-def validate(config: TrainConfig) -> None:
-    """Refuse a job that cannot run, before any worker starts."""
+def validate(config: TrainConfig, *, import_here: bool = True) -> None:
+    """Refuse a job that cannot run, before any worker starts: bad built-in combinations, and
+    (``import_here``) user factories that do not import in this process."""
     from workers.data import validate_combination
+    from workers.usercode import check_importable
 
-    validate_combination(config.model, config.dataset, config.batch_size, config.max_workers, seq_len=config.seq_len)
+    if config.external:
+        raise ValueError("external: this job's training runs elsewhere (gradwire.ray.prepare); nothing to launch")
+    if import_here:
+        check_importable(config)
+    if not config.user_dataset:
+        shape_as = "cnn" if config.user_model else config.model
+        validate_combination(shape_as, config.dataset, config.batch_size, config.max_workers, seq_len=config.seq_len)
 
 
 def run_job(
@@ -48,9 +56,12 @@ def run_job(
 
     from workers.loop import train_loop_per_worker
 
-    validate(config)
+    validate(config, import_here=False)
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), include_dashboard=False, log_to_driver=False)
+        runtime_env = config.runtime_env.to_ray() if config.runtime_env else None
+        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), include_dashboard=False, log_to_driver=False,
+                 runtime_env=runtime_env)
+    check_user_code_on_ray(config)
     storage = storage_path or str(Path(tempfile.gettempdir()) / "gradwire-runs")
     name = run_name or f"{config.name}-{uuid.uuid4().hex[:8]}"
     if not resume:
@@ -72,6 +83,31 @@ def run_job(
     if result.error is not None:
         raise result.error
     return _summary_from(Path(result.checkpoint.path) if result.checkpoint else None, result.metrics)
+
+
+def check_user_code_on_ray(config: TrainConfig) -> None:
+    """Build the job's model, data and loss once in a Ray worker process, which has the same
+    ``runtime_env`` as the training workers will (inherited from this actor or driver), so a
+    user factory that does not import or returns the wrong type fails the job at once, naming
+    the path and the error, rather than after Ray Train has started (and, with
+    ``max_failures``, restarted) worker groups that all fail the same way."""
+    if not (config.user_model or config.user_dataset or config.loss):
+        return
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from workers.usercode import build_workload, check_importable
+
+    def check(cfg: TrainConfig) -> None:
+        check_importable(cfg)
+        build_workload(cfg)
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(check)
+    try:
+        ray.get(probe.remote(config))
+    except RayTaskError as exc:
+        cause = exc.cause if isinstance(exc.cause, BaseException) else None
+        raise (cause or exc) from None
 
 
 def _summary_from(checkpoint_dir: Path | None, metrics: dict[str, Any] | None) -> dict[str, Any]:
