@@ -137,6 +137,7 @@ def run_local(
     """Run the same loop on ``config.workers`` local processes (gloo), without Ray; for debugging."""
     import torch.multiprocessing as mp
 
+    _put_local_code_on_path(config)
     validate(config)
     world_size = config.max_workers
     root = Path(checkpoint_dir or tempfile.mkdtemp(prefix="gradwire-local-"))
@@ -174,6 +175,26 @@ def run_local(
     latest = (root / "latest").read_text().strip() if (root / "latest").exists() else None
     summary["checkpoint_path"] = str(root / latest) if latest else None
     return summary
+
+
+def _put_local_code_on_path(config: TrainConfig) -> None:
+    """Without Ray, a job's local ``working_dir`` and ``py_modules`` go on ``sys.path`` (and
+    on ``PYTHONPATH``, for the spawned ranks): what Ray's runtime_env does for them on a
+    cluster. Remote URIs and ``pip`` need Ray."""
+    import sys
+
+    env = config.runtime_env
+    if env is None:
+        return
+    if env.pip or any("://" in entry for entry in [env.working_dir or "", *(env.py_modules or [])]):
+        raise ValueError("runtime_env: pip and remote URIs need Ray (run without --no-ray)")
+    paths = ([str(Path(env.working_dir).resolve())] if env.working_dir else []) + [
+        str(Path(module).resolve().parent) for module in env.py_modules or []]
+    for path in reversed(paths):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    os.environ.update(env.env_vars or {})
 
 
 def _drain(reports: Any, progress: Callable[[dict[str, Any]], Any] | None) -> None:
