@@ -40,7 +40,7 @@ def train_func(config):
 
     model = make_model()
     model = gradwire.ray.prepare(model, compression=config["compression"], rank=4,  # gradwire (was: prepare_model)
-                                 steps=config["epochs"] * len(train_loader))
+                                 coordinator=config["coordinator"], steps=config["epochs"] * len(train_loader))
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
 
@@ -62,6 +62,11 @@ def train_func(config):
         if ray.train.get_context().get_world_rank() == 0:
             print(f"epoch {epoch}: loss {metrics['loss']:.4f}")
 
+    session = gradwire.ray.current()  # optional: what gradwire did on this worker
+    print(f"rank {ray.train.get_context().get_world_rank()}: compressor {session.compressor}, "
+          f"switches {[(s['step'], s['to'], s['version']) for s in session.switches]}, phases_ms "
+          + " ".join(f"{k}={v * 1e3:.2f}" for k, v in session.phase_means().items()))
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -71,10 +76,14 @@ def main() -> None:
     parser.add_argument("--storage", default=str(Path(tempfile.gettempdir()) / "gradwire-examples"))
     args = parser.parse_args()
 
-    ray.init(runtime_env={"py_modules": [str(HERE / "userpkg" / "gw_example")]})
+    # RAY_ADDRESS joins a running cluster; without it, a new local one (never another user's).
+    ray.init(address=os.environ.get("RAY_ADDRESS", "local"),
+             runtime_env={"py_modules": [str(HERE / "userpkg" / "gw_example")]})
     trainer = TorchTrainer(
         train_func,
-        train_loop_config={"lr": 0.1, "epochs": args.epochs, "batch_size": 64, "compression": args.compression},
+        train_loop_config={"lr": 0.1, "epochs": args.epochs, "batch_size": 64, "compression": args.compression,
+                           # Ray workers do not see the driver's environment: hand them the URL.
+                           "coordinator": os.environ.get("GRADWIRE_URL")},
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
         run_config=ray.train.RunConfig(storage_path=args.storage),
     )

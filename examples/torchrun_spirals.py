@@ -55,9 +55,10 @@ def main() -> None:
     with torch.no_grad():
         points, labels = held_out.tensors
         accuracy = (model.module(points).argmax(1) == labels).float().mean().item()
-    session = gradwire.torch.current()
-    print(f"rank {dist.get_rank()}: held-out accuracy {accuracy:.3f}, compressor {session.compressor}, "
-          f"switches {session.switches}, phases_ms "
+    session = gradwire.torch.current()  # optional: what gradwire did on this rank
+    print(f"rank {dist.get_rank()}: compressor {session.compressor}, "
+          f"switches {[(s['step'], s['to'], s['version']) for s in session.switches]}, "
+          f"held-out accuracy {accuracy:.3f}, phases_ms "
           + " ".join(f"{k}={v * 1e3:.2f}" for k, v in session.phase_means().items()), flush=True)
     dist.barrier()
     dist.destroy_process_group()
