@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 from coordinator import raylocal
 from coordinator.settings import Settings
 from workers.protocol import TrainConfig
+from workers.runtime_env import uploaded
 
 log = logging.getLogger(__name__)
 
@@ -127,26 +128,6 @@ class JobRunner:
         return dict(self._outcome, started_at=self._started_at)
 
 
-def upload_runtime_env(runtime_env: dict[str, Any]) -> dict[str, Any]:
-    """``runtime_env`` with local ``working_dir``/``py_modules`` uploaded to the cluster and
-    replaced by their ``gcs://`` URIs (remote URIs are kept).
-
-    Ray takes local paths only in a job-level runtime_env (``ray.init``); a per-job actor
-    needs URIs. This does for one actor what ``ray.init`` does for a job, with Ray's own
-    upload functions (content-addressed, so an unchanged directory is uploaded once).
-    """
-    import tempfile
-
-    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
-    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
-
-    scratch = tempfile.gettempdir()
-    uploaded = upload_py_modules_if_needed(dict(runtime_env), include_gitignore=True, scratch_dir=scratch, logger=log)
-    uploaded = upload_working_dir_if_needed(uploaded, include_gitignore=True, scratch_dir=scratch, logger=log)
-    uploaded.pop("excludes", None)
-    return uploaded
-
-
 def _jsonable(value: Any) -> Any:
     import json
 
@@ -195,9 +176,10 @@ class RayLauncher:
         import ray
 
         actor_cls = ray.remote(JobRunner)
-        # The job's runtime_env goes on its runner actor; the Train controller and workers the
-        # actor starts inherit it (Ray merges a child's runtime_env into its parent's).
-        runtime_env = upload_runtime_env(config.runtime_env.to_ray()) if config.runtime_env else None
+        # The job's runtime_env goes on its runner actor (local paths uploaded: an actor takes
+        # only URIs); the Train controller and workers the actor starts inherit it (Ray merges
+        # a child's runtime_env into its parent's).
+        runtime_env = uploaded(config.runtime_env.to_ray()) if config.runtime_env else None
         actor = actor_cls.options(
             name=self._name(job_id), namespace=self._settings.ray_namespace, lifetime="detached",
             get_if_exists=True, num_cpus=0, max_restarts=0, runtime_env=runtime_env,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workers.protocol import TrainConfig
+from workers.runtime_env import inherited_code, uploaded
 
 #: Lowered so ray.train.report does not block ~2 s per call (see Ray Train v2 health checks).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
@@ -57,11 +58,14 @@ def run_job(
     from workers.loop import train_loop_per_worker
 
     validate(config, import_here=False)
+    runtime_env = config.runtime_env.to_ray() if config.runtime_env else None
     if not ray.is_initialized():
-        runtime_env = config.runtime_env.to_ray() if config.runtime_env else None
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), include_dashboard=False, log_to_driver=False,
                  runtime_env=runtime_env)
-    check_user_code_on_ray(config)
+    # Inside the job's runner actor (or a driver given it in ray.init) every child inherits
+    # the job's runtime_env; otherwise it goes on the probe task and the workers themselves.
+    worker_env = uploaded(runtime_env) if runtime_env and not inherited_code() else None
+    check_user_code_on_ray(config, worker_env)
     storage = storage_path or str(Path(tempfile.gettempdir()) / "gradwire-runs")
     name = run_name or f"{config.name}-{uuid.uuid4().hex[:8]}"
     if not resume:
@@ -77,6 +81,7 @@ def run_job(
             storage_path=storage,
             failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            worker_runtime_env=worker_env,
         ),
     )
     result = trainer.fit()
@@ -85,7 +90,7 @@ def run_job(
     return _summary_from(Path(result.checkpoint.path) if result.checkpoint else None, result.metrics)
 
 
-def check_user_code_on_ray(config: TrainConfig) -> None:
+def check_user_code_on_ray(config: TrainConfig, runtime_env: dict[str, Any] | None = None) -> None:
     """Build the job's model, data and loss once in a Ray worker process, which has the same
     ``runtime_env`` as the training workers will (inherited from this actor or driver), so a
     user factory that does not import or returns the wrong type fails the job at once, naming
@@ -103,6 +108,8 @@ def check_user_code_on_ray(config: TrainConfig) -> None:
         build_workload(cfg)
 
     probe = ray.remote(num_cpus=0, max_retries=0)(check)
+    if runtime_env:
+        probe = probe.options(runtime_env=runtime_env)
     try:
         ray.get(probe.remote(config))
     except RayTaskError as exc:
