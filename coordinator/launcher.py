@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 from coordinator import raylocal
 from coordinator.settings import Settings
 from workers.protocol import TrainConfig
+from workers.runtime_env import uploaded
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +202,13 @@ class RayLauncher:
         import ray
 
         actor_cls = ray.remote(JobRunner)
+        # The job's runtime_env goes on its runner actor (local paths uploaded: an actor takes
+        # only URIs); the Train controller and workers the actor starts inherit it (Ray merges
+        # a child's runtime_env into its parent's).
+        runtime_env = uploaded(config.runtime_env.to_ray()) if config.runtime_env else None
         actor = actor_cls.options(
             name=self._name(job_id), namespace=self._settings.ray_namespace, lifetime="detached",
-            get_if_exists=True, num_cpus=0, max_restarts=0,
+            get_if_exists=True, num_cpus=0, max_restarts=0, runtime_env=runtime_env,
         ).remote(self._settings.runner, config.model_dump(mode="json"), self._settings.run_storage)
         ray.get(actor.start.remote(), timeout=120)
 

@@ -35,8 +35,12 @@ JOB_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "canc
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 PolicyMode = Literal["fixed", "adaptive", "pinned"]
 
-ModelName = Literal[MODEL_NAMES]  # type: ignore[valid-type]
-DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]
+# A built-in name or a user factory's import path; the workers' JobFields validators check both forms.
+ModelName = str
+DatasetName = str
+_MODEL_DOC = f"built-in ({', '.join(MODEL_NAMES)}) or 'package.module:factory' returning an nn.Module"
+_DATASET_DOC = (f"built-in ({', '.join(DATASET_NAMES)}) or 'package.module:factory' whose factory(seed) "
+                "returns (train, held_out) Datasets; 'external' for external jobs")
 
 _NUMBERS = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -56,8 +60,9 @@ class JobSpec(JobFields):
 
     name: str = Field(default="job", min_length=1, max_length=128, pattern=JOB_NAME_PATTERN,
                       description="letters, digits, '.', '_' and '-' (it names the run's directory)")
-    model: ModelName = "mlp"
-    dataset: DatasetName = "synthetic"
+    model: ModelName = Field(default="mlp", max_length=512, description=_MODEL_DOC)
+    dataset: DatasetName = Field(default="synthetic", max_length=512, description=_DATASET_DOC)
+    external: StrictBool = False
     use_gpu: StrictBool = False
 
     @field_validator("workers", mode="before")
@@ -197,6 +202,20 @@ class TelemetryPoint(BaseModel):
     step_seconds: float | None = None
 
 
+class WorkerGroupEvent(BaseModel):
+    """A worker group of the job began reporting: the first, or a restart after a crash (Ray
+    Train restarted the group from the job's last checkpoint, see ``max_failures``)."""
+
+    at: float
+    worker_group: str
+    restart: bool
+    #: The checkpoint step the new group resumed from (None: it started from step 0).
+    resumed_from_step: int | None = None
+    #: The last step the coordinator had heard of before the new group.
+    last_reported_step: int
+    world_size: int
+
+
 class JobStatus(BaseModel):
     """``GET /v1/jobs/{id}``: the job, its latest report and the compressor in use.
     Times are Unix seconds; ``phase_seconds`` holds mean seconds per phase over the last report."""
@@ -241,6 +260,8 @@ class JobHistory(BaseModel):
     telemetry: list[TelemetryPoint]
     decisions: list[DecisionRecord]
     transitions: list[Transition]
+    #: Worker group starts and restarts, oldest first.
+    worker_groups: list[WorkerGroupEvent] = []
 
 
 class Health(BaseModel):

@@ -25,6 +25,7 @@ from coordinator.schemas import (
     PinnedPolicy,
     PolicyView,
     TelemetryPoint,
+    WorkerGroupEvent,
 )
 from coordinator.settings import Settings
 from coordinator.store import InvalidTransition, JobRecord, Store
@@ -66,6 +67,9 @@ class JobService:
         self._on_submit = on_submit
         # Read-decide-write sequences (telemetry, policy, cancel) must not interleave per job.
         self._lock = threading.RLock()
+        # The worker group that reported last, per job: read from the store once, then kept
+        # here (one process owns the data dir), so the ingest path makes no extra query.
+        self._last_group: dict[str, str | None] = {}
 
     # ---- operator side -------------------------------------------------------------------
 
@@ -97,7 +101,8 @@ class JobService:
     def history(self, job_id: str) -> JobHistory:
         job = self.get(job_id)
         return JobHistory(job=job.status(), telemetry=self.store.telemetry(job_id),
-                          decisions=self.store.decisions(job_id), transitions=self.store.transitions(job_id))
+                          decisions=self.store.decisions(job_id), transitions=self.store.transitions(job_id),
+                          worker_groups=self.store.worker_groups(job_id))
 
     def cancel(self, job_id: str) -> JobRecord:
         """Stop the runner, then record ``cancelled``. The Ray call runs without the service
@@ -188,6 +193,7 @@ class JobService:
             now = self._clock()
             at = min(t.wall_time, now) if t.wall_time is not None else now
             stale = job.reported_at is not None and at < job.reported_at
+            self._note_worker_group(job, t, now)
             profile = t.profile or job.profile
             current = self._latest(job_id)
             decision = None if stale else self.decisions.on_report(
@@ -204,8 +210,29 @@ class JobService:
                 self.metrics.record_switch(job_id)
                 log.info("job %s decision v%d: %s", job_id, decision.version, decision.reason)
             final = decision or current
+            if job.spec.external and _last_step(job, t):
+                self.finish(job_id, "succeeded", "training finished (reported by the external job's workers)")
             return Decision(version=final.version, compressor=final.compressor, params=final.params,
                             reason=final.reason, predicted_gain=final.predicted_gain)
+
+    def _note_worker_group(self, job: JobRecord, t: Telemetry, now: float) -> None:
+        """A report from a worker group not seen before: the first one, or a restart (Ray
+        Train restarted the group after a crash) that the history and live page show."""
+        if t.worker_group is None:
+            return
+        if job.id not in self._last_group:
+            self._last_group[job.id] = self.store.last_worker_group(job.id)
+        last = self._last_group[job.id]
+        if last == t.worker_group:
+            return
+        restart = last is not None
+        self.store.add_worker_group(job.id, WorkerGroupEvent(
+            at=now, worker_group=t.worker_group, restart=restart, resumed_from_step=t.resumed_from_step,
+            last_reported_step=job.step, world_size=t.world_size))
+        self._last_group[job.id] = t.worker_group
+        if restart:
+            log.warning("job %s: worker group restarted (resumed from step %s, last reported step %d)",
+                        job.id, t.resumed_from_step, job.step)
 
 
 def _last_step(job: JobRecord, t: Telemetry) -> bool:

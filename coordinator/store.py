@@ -40,6 +40,7 @@ from coordinator.schemas import (
     JobStatus,
     TelemetryPoint,
     Transition,
+    WorkerGroupEvent,
 )
 from workers.protocol import PHASES, ModelProfile
 
@@ -506,6 +507,22 @@ class Store:
                  .order_by(TelemetryRow.at, TelemetryRow.id))
         with self._read() as s:
             return [TelemetryPoint.model_validate(row.point) for row in s.scalars(query)]
+
+    def worker_groups(self, job_id: str) -> list[WorkerGroupEvent]:
+        return [WorkerGroupEvent.model_validate(e.data) for e in self.events_after(job_id, 0) if e.kind == "workers"]
+
+    def last_worker_group(self, job_id: str) -> str | None:
+        """The id of the worker group that reported last (from the newest ``workers`` event)."""
+        query = (select(EventRow).where(EventRow.job_id == job_id, EventRow.kind == "workers")
+                 .order_by(EventRow.id.desc()).limit(1))
+        with self._read() as s:
+            row = s.scalars(query).first()
+            return str(row.data["worker_group"]) if row else None
+
+    def add_worker_group(self, job_id: str, group: WorkerGroupEvent) -> None:
+        """Record that a worker group (the first, or a restarted one) began reporting."""
+        with self._write() as s:
+            self._add_event(s, job_id, group.at, "workers", group.model_dump(mode="json"))
 
     def transitions(self, job_id: str) -> list[Transition]:
         return [Transition.model_validate(e.data) for e in self.events_after(job_id, 0) if e.kind == "state"]

@@ -111,7 +111,7 @@ class Supervisor:
 
     def reconcile(self) -> None:
         store = self.service.store
-        running = {job.id: job for job in store.jobs_in("running")}
+        running = {job.id: job for job in store.jobs_in("running") if not job.spec.external}
         for job_id in running:
             status = self.launcher.poll(job_id)
             if status.state == "missing":
@@ -147,6 +147,8 @@ class Supervisor:
 
     def _poll_running(self) -> None:
         for job in self.service.store.jobs_in("running"):
+            if job.spec.external:
+                continue  # its workers report the end themselves (JobService.ingest)
             status = self.launcher.poll(job.id)
             if status.state == "running":
                 continue
@@ -157,7 +159,8 @@ class Supervisor:
             self.launcher.release(job.id)
 
     def _launch_queued(self) -> None:
-        queued = self.service.store.jobs_in("queued")
+        # External jobs train elsewhere (gradwire.ray.prepare): nothing to launch, no CPUs held.
+        queued = [job for job in self.service.store.jobs_in("queued") if not job.spec.external]
         if not queued:
             return
         capacity = self.launcher.capacity()

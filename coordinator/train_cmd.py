@@ -193,11 +193,13 @@ def run_on_ray(config: Any, view: ProgressView, storage_path: str | None, verbos
     started_here = False
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS")
+        # The job's runtime_env (its user code) applies to every process of this Ray job.
+        runtime_env = config.runtime_env.to_ray() if config.runtime_env else None
         if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=verbose)
+            ray.init(address=address, include_dashboard=False, log_to_driver=verbose, runtime_env=runtime_env)
         else:
             ray.init(address="local", num_cpus=max(2, config.max_workers), include_dashboard=False,
-                     log_to_driver=verbose)
+                     log_to_driver=verbose, runtime_env=runtime_env)
         started_here = True
     name = f"gradwire-train-progress-{uuid.uuid4().hex[:10]}"
     actor = ray.remote(num_cpus=0)(_ProgressBuffer).options(name=name).remote()
@@ -306,7 +308,7 @@ def train(
         config = build_config(data)
         from workers.runner import validate
 
-        validate(config)
+        validate(config, import_here=False)  # user code is imported where it runs (runtime_env)
     except SpecError as exc:
         raise _fail(f"invalid spec: {exc}", 2) from None
     except ValueError as exc:  # the combination cannot run (model/dataset/batch)

@@ -87,3 +87,38 @@ def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 def coordinator(start_coordinator: Callable[..., Any]) -> Any:
     """A record-only coordinator without a token."""
     return start_coordinator()
+
+
+@pytest.fixture
+def serve(ray_head: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Factory: a ``gradwire serve`` subprocess on the session's Ray cluster, in a namespace of
+    its own (so one test's reconciliation never touches another test's runners).
+    ``start(runner=..., port=None, **env)``; the default runner is the torch-free fake one."""
+    import uuid
+
+    import httpx
+
+    from support.api import TERMINAL
+    from support.servers import CoordinatorProcess
+
+    namespace = f"gradwire-test-{uuid.uuid4().hex[:8]}"
+    started: list[Any] = []
+
+    def start(runner: str = "tests.support.fake_runner:run_job", port: int | None = None, **env: str) -> Any:
+        proc = CoordinatorProcess(tmp_path / "coordinator", port=port, env={
+            "GRADWIRE_RAY_ADDRESS": ray_head, "GRADWIRE_RUNNER": runner, "GRADWIRE_LAUNCHER": "ray",
+            "GRADWIRE_RAY_NAMESPACE": namespace, "GRADWIRE_POLL_INTERVAL_S": "0.2",
+            "GRADWIRE_HISTORY_INTERVAL_S": "0", **env})
+        started.append(proc)
+        proc.namespace = namespace  # type: ignore[attr-defined]
+        return proc.start(timeout_s=90)
+
+    yield start
+    for proc in started:
+        try:
+            for job in httpx.get(f"{proc.url}/v1/jobs", timeout=5).json():
+                if job["state"] not in TERMINAL:
+                    httpx.post(f"{proc.url}/v1/jobs/{job['id']}/cancel", timeout=30)
+        except httpx.HTTPError:
+            pass
+        proc.stop()

@@ -113,7 +113,12 @@ class CoordinatorClient:
     def observe(self, telemetry: Telemetry) -> None:
         pass  # the coordinator decides from the telemetry it receives
 
-    def close(self) -> None:
+    def close(self, flush_s: float = 5.0) -> None:
+        """Stop, after up to ``flush_s`` for the thread to take the last report (the final
+        report tells the coordinator a run ended, when nothing else will)."""
+        deadline = time.monotonic() + flush_s
+        while not self._outbox.empty() and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
         self._stop.set()
         self._thread.join(timeout=10)
         self._client.close()

@@ -23,6 +23,7 @@ import math
 import statistics
 import tempfile
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -48,8 +49,7 @@ from workers.control import (
     TelemetrySink,
 )
 from workers.adaptive import decision_for
-from workers.data import InfiniteLoader, batches_per_epoch, build_dataset, input_spec, make_loader
-from workers.models import build_model
+from workers.data import InfiniteLoader, batches_per_epoch, make_loader
 from workers.probe import (
     DEFAULT_SIZES,
     PROBE_STOP_FACTOR,
@@ -62,6 +62,7 @@ from workers.probe import (
 )
 from workers.protocol import Decision, ModelProfile, Telemetry, TrainConfig
 from workers.timing import StepTimer, codec_clock
+from workers.usercode import Workload, build_workload
 
 log = logging.getLogger(__name__)
 
@@ -189,13 +190,12 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     """Train ``cfg`` on this worker; returns the run summary (rank 0's is the job's)."""
     torch.manual_seed(cfg.seed)
     device = env.device
-    spec_kwargs = input_spec(cfg.model, cfg.dataset, seq_len=cfg.seq_len, image_size=cfg.image_size)
-    model = build_model(cfg.model, **spec_kwargs).to(device)
+    workload = build_workload(cfg)
+    model, train_set = workload.model.to(device), workload.train_set
     ddp = DistributedDataParallel(model, bucket_cap_mb=cfg.bucket_cap_mb, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = _optimizer(cfg, model)
-    train_set = build_dataset(cfg.dataset, model=cfg.model, split="train", seed=cfg.seed, seq_len=cfg.seq_len,
-                              image_size=cfg.image_size)
     total_steps = cfg.steps or cfg.epochs * batches_per_epoch(len(train_set), cfg.batch_size, env.world_size)  # type: ignore[operator]
+    checkpoint_every = cfg.checkpoint_interval(total_steps)
     scheduler = _lr_schedule(cfg, optimizer, total_steps)
     first = make_spec(cfg.compression.compressor, **cfg.compression.compressor_params())
     sync = GradientSync(from_spec(first), pipelining=cfg.pipelining).install(ddp)
@@ -207,7 +207,8 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     record = RankRecord(rank=env.rank)
     source = _decision_source(cfg, env, resumed_decision or decision_for(first, 0, "initial choice from the job spec"))
     sinks = [s for s in (env.progress_sink(), source if isinstance(source, CoordinatorClient) else None) if s is not None]
-    reporter = _Reporter(cfg, env, sync, source, sinks, total_steps)
+    reporter = _Reporter(cfg, env, sync, source, sinks, total_steps,
+                         resumed_from_step=start_step if resumed_decision is not None else None)
 
     loader = InfiniteLoader(train_set, cfg.batch_size, env.rank, env.world_size, cfg.seed, start_step=start_step)
     timer = StepTimer(device)
@@ -235,7 +236,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
                 reporter.link(probe_link(sync.process_group, sizes=(DEFAULT_SIZES[0], probe_bytes),
                                          stop_after_s=PROBE_STOP_FACTOR * PROBE_TRANSFER_S))
         # 3. one step, every phase timed
-        loss = train_step(ddp, optimizer, loader, timer, device, scheduler)
+        loss = train_step(ddp, optimizer, loader, timer, device, scheduler, loss_fn=workload.loss_fn)
         timing = timer.end_step(step, sync.last_step())
         last = sync.last_step()
         record.step_compressors[step] = last.compressor if last else sync.compressor.label
@@ -244,10 +245,11 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
             raise FloatingPointError(f"loss became {loss_value} at step {step} with {sync.compressor.label}")
         # 5. telemetry and checkpoints
         reporter.after_step(step, loss_value, timer, model)
-        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < total_steps:
+        if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < total_steps:
             _save(env, cfg, step + 1, model, optimizer, scheduler, sync, agreement, record, {"step": step + 1, "loss": loss_value})
 
-    summary = _summary(cfg, env, sync, timer, total_steps, loss_value, switches, model, device)
+    summary = _summary(cfg, env, sync, timer, total_steps, loss_value, switches, workload, device)
+    summary["checkpoint_every"] = checkpoint_every
     summary["start_step"] = start_step
     if isinstance(source, InProcessPolicy):  # no coordinator: show that the policy ran, and why it chose
         summary["policy_decisions"], summary["policy_reason"] = source.evaluations, source.last_reason
@@ -262,13 +264,14 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
 
 def train_step(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, loader: Iterator[Any],
                timer: StepTimer, device: torch.device,
-               scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> torch.Tensor:
+               scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+               loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> torch.Tensor:
     """One data-parallel step, each phase of design.md §3 timed by ``timer`` (the caller ends
     the step with the hook's record); returns the loss."""
     with timer.phase("data"):
         inputs, targets = (t.to(device, non_blocking=True) for t in next(loader))
     with timer.phase("forward"):
-        loss = F.cross_entropy(ddp(inputs), targets)
+        loss = loss_fn(ddp(inputs), targets)
     with timer.phase("backward"):
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
@@ -330,9 +333,14 @@ class _Reporter:
     """Rank 0's telemetry: link estimates, phase means, profile, and the decision proposal."""
 
     def __init__(self, cfg: TrainConfig, env: WorkerEnv, sync: GradientSync, source: DecisionSource,
-                 sinks: list[TelemetrySink], total_steps: int) -> None:
+                 sinks: list[TelemetrySink], total_steps: int | None, *, resumed_from_step: int | None = None) -> None:
         self.cfg, self.env, self.sync, self.source, self.sinks = cfg, env, sync, source, sinks
         self.total_steps = total_steps
+        #: Names this worker group in its reports (new on every start or restart of the group).
+        self.worker_group = uuid.uuid4().hex[:12]
+        self.resumed_from_step = resumed_from_step
+        #: Samples per step on one rank; a user's loop (workers.session) sets it from its batches.
+        self.batch_size = cfg.batch_size
         self.estimate = LinkEstimate.no_link()
         self.passive = PassiveBandwidth(min_of_last=PASSIVE_MIN_OF_LAST)
         self.scheduler = ProbeScheduler(probe_interval_s=cfg.probe_interval_s, max_cost_fraction=cfg.probe_budget)
@@ -397,7 +405,7 @@ class _Reporter:
         now = time.monotonic()
         if isinstance(self.source, ScriptedDecisions):
             self.source.step = step + 1
-        if now < self.next_report and step + 1 < self.total_steps:
+        if now < self.next_report and (self.total_steps is None or step + 1 < self.total_steps):
             return
         self.next_report = now + self.cfg.report_interval_s
         telemetry = self._telemetry(step, loss, timer, model)
@@ -422,7 +430,7 @@ class _Reporter:
             step=step + 1,
             steps=self.total_steps,
             loss=loss,
-            samples_per_second=(self.cfg.batch_size * self.env.world_size / step_s) if step_s > 0 else None,
+            samples_per_second=(self.batch_size * self.env.world_size / step_s) if step_s > 0 else None,
             phase_seconds=means,
             bytes_sent_per_step=stats.bytes_sent / stats.steps if stats.steps else None,
             bandwidth_bytes_per_second=bandwidth,
@@ -437,6 +445,8 @@ class _Reporter:
             decision_version=_version(self.source),
             wall_time=time.time(),
             profile=profile,
+            worker_group=self.worker_group,
+            resumed_from_step=self.resumed_from_step,
         )
 
     def _profile(self, model: torch.nn.Module, means: dict[str, float]) -> ModelProfile:
@@ -561,7 +571,7 @@ def _resume(env: WorkerEnv, cfg: TrainConfig, model: torch.nn.Module, optimizer:
 
 
 def _summary(cfg: TrainConfig, env: WorkerEnv, sync: GradientSync, timer: StepTimer, total_steps: int,
-             loss: float, switches: list[dict[str, Any]], model: torch.nn.Module, device: torch.device) -> dict[str, Any]:
+             loss: float, switches: list[dict[str, Any]], workload: Workload, device: torch.device) -> dict[str, Any]:
     """The machine-readable result of design.md §3 (loss averaged over ranks)."""
     mean_loss = torch.tensor([loss if math.isfinite(loss) else 0.0], dtype=torch.float64)
     dist.all_reduce(mean_loss.to(device) if device.type == "cuda" else mean_loss)
@@ -584,22 +594,32 @@ def _summary(cfg: TrainConfig, env: WorkerEnv, sync: GradientSync, timer: StepTi
         "world_size": env.world_size,
         "switches": switches,
     }
-    if cfg.dataset == "digits":
-        summary["eval_accuracy"] = evaluate(cfg, model, device)
+    if workload.test_set is not None and (cfg.dataset == "digits" or cfg.user_dataset):
+        summary.update(evaluate(workload, device, seed=cfg.seed))
     return summary
 
 
 @torch.no_grad()
-def evaluate(cfg: TrainConfig, model: torch.nn.Module, device: torch.device) -> float:
-    """Accuracy on the held-out split (every rank evaluates the same model; cheap on digits)."""
-    test_set = build_dataset(cfg.dataset, model=cfg.model, split="test", seed=cfg.seed, seq_len=cfg.seq_len,
-                             image_size=cfg.image_size)
-    loader = make_loader(test_set, batch_size=256, rank=0, world_size=1, seed=cfg.seed, shuffle=False, drop_last=False)
+def evaluate(workload: Workload, device: torch.device, *, seed: int = 0) -> dict[str, float]:
+    """Mean loss on the held-out set, and accuracy where outputs are class scores for integer
+    targets (every rank evaluates the same model; the held-out sets here are small)."""
+    assert workload.test_set is not None
+    loader = make_loader(workload.test_set, batch_size=256, rank=0, world_size=1, seed=seed, shuffle=False,
+                         drop_last=False)
+    model = workload.model
     model.eval()
     correct = total = 0
+    loss_sum = 0.0
+    classify = True
     for inputs, targets in loader:
-        predictions = model(inputs.to(device)).argmax(dim=1)
-        correct += int((predictions == targets.to(device)).sum())
-        total += int(targets.numel())
+        outputs, targets = model(inputs.to(device)), targets.to(device)
+        loss_sum += float(workload.loss_fn(outputs, targets)) * len(targets)
+        total += len(targets)
+        classify = classify and outputs.dim() == 2 and targets.dim() == 1 and not targets.is_floating_point()
+        if classify:
+            correct += int((outputs.argmax(dim=1) == targets).sum())
     model.train()
-    return correct / total if total else 0.0
+    result = {"eval_loss": loss_sum / total if total else math.nan}
+    if classify and total:
+        result["eval_accuracy"] = correct / total
+    return result

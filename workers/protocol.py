@@ -8,6 +8,8 @@ process import them without pulling in torch or Ray.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -24,6 +26,44 @@ MODEL_NAMES: tuple[str, ...] = (
 DATASET_NAMES: tuple[str, ...] = ("synthetic", "digits")
 #: Models that take token sequences rather than images.
 SEQUENCE_MODELS = frozenset({"bert-base", "bert-large"})
+
+#: ``package.module:attribute`` (the attribute may be dotted, ``module:Class.factory``): the
+#: form of a user factory's import path, the convention of setuptools entry points.
+IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+#: ``dataset`` of an external job (the user's own loop holds the data; gradwire never sees it).
+EXTERNAL_DATASET = "external"
+
+
+def is_import_path(value: str) -> bool:
+    """True for ``package.module:factory`` (checked by form only: nothing is imported)."""
+    return bool(IMPORT_PATH.match(value))
+
+
+def _name_or_import_path(value: str, names: tuple[str, ...], what: str) -> str:
+    """A built-in name, or an import path of the right form; the message says which forms work."""
+    if value in names or is_import_path(value):
+        return value
+    if ":" in value:
+        raise ValueError(f"import path {value!r} is malformed: write 'package.module:factory' "
+                         "(dotted Python identifiers, one colon)")
+    raise ValueError(f"unknown {what} {value!r}; choose one of {', '.join(names)} "
+                     "or give an import path 'package.module:factory'")
+
+
+def auto_checkpoint_every(total_steps: int) -> int:
+    """The default checkpoint interval: about ten checkpoints per run, at least one every
+    :data:`MAX_AUTO_CHECKPOINT_STEPS` steps. A crash then costs at most a tenth of the run
+    (and never more than that many steps), while saving, which pauses every rank, happens a
+    bounded number of times however short the run."""
+    return max(1, min(math.ceil(total_steps / AUTO_CHECKPOINTS_PER_RUN), MAX_AUTO_CHECKPOINT_STEPS))
+
+
+AUTO_CHECKPOINTS_PER_RUN = 10
+MAX_AUTO_CHECKPOINT_STEPS = 500
+#: Default ``max_failures``: a crashed worker (or node) is survived three times per run; an
+#: error that repeats on every attempt (a bug, a NaN loss) still fails the job, after three
+#: restarts, instead of looping for ever.
+DEFAULT_MAX_FAILURES = 3
 
 
 class _Strict(BaseModel):
@@ -100,12 +140,60 @@ class ScheduledDecision(_Strict):
         return self
 
 
+class RuntimeEnvConfig(_Strict):
+    """How the user's code reaches the workers: the subset of Ray's ``runtime_env`` a job may
+    set, with Ray's own field names (https://docs.ray.io/en/latest/ray-core/handling-dependencies.html).
+
+    ``working_dir`` and ``py_modules`` entries are local paths on the coordinator's host
+    (Ray zips and uploads them to the cluster when the job starts) or remote URIs of zip
+    files (``https://``, ``s3://``, ``gs://``); ``pip`` lists requirement strings installed
+    into a virtualenv of the job's own; ``env_vars`` are set in every process of the job.
+    """
+
+    working_dir: str | None = Field(default=None, min_length=1, max_length=4096)
+    py_modules: list[str] | None = Field(default=None, min_length=1, max_length=64)
+    pip: list[str] | None = Field(default=None, min_length=1, max_length=256)
+    env_vars: dict[str, str] | None = None
+
+    @field_validator("py_modules", "pip")
+    @classmethod
+    def _no_empty_entries(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not entry.strip() for entry in value):
+            raise ValueError("entries must be non-empty strings")
+        return value
+
+    @field_validator("env_vars")
+    @classmethod
+    def _env_names(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name in value or {}:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ValueError(f"environment variable name {name!r} is not valid")
+        return value
+
+    def to_ray(self) -> dict[str, Any]:
+        """The dict ``ray.remote(...).options(runtime_env=...)`` takes."""
+        return self.model_dump(exclude_none=True)
+
+
 class JobFields(_Strict):
     """What a user says about a training job (the coordinator's JobSpec extends this too)."""
 
     name: str = Field(default="job", min_length=1, max_length=128)
+    #: A built-in model name, or ``package.module:factory``: a callable taking no arguments
+    #: that returns the ``nn.Module`` to train (the user's code, see ``runtime_env``).
     model: str = "mlp"
+    #: A built-in dataset name, or ``package.module:factory``: ``factory(seed)`` returns
+    #: ``(train, held_out)`` torch ``Dataset``s of ``(input, target)`` items (held_out may be None).
     dataset: str = "synthetic"
+    #: ``package.module:factory`` returning the loss, called as ``loss(outputs, targets)``
+    #: (e.g. ``torch.nn:MSELoss``); None: cross-entropy.
+    loss: str | None = Field(default=None, max_length=512)
+    #: Ray runtime environment of the job's processes: how a user factory's code gets there.
+    runtime_env: RuntimeEnvConfig | None = None
+    #: True: the training runs elsewhere (a Ray Train or torchrun script using
+    #: ``gradwire.ray.prepare`` / ``gradwire.torch.prepare``); the coordinator records it,
+    #: decides for it and shows it, but launches nothing.
+    external: bool = False
     batch_size: int = Field(default=32, ge=1, le=65_536)
     steps: int | None = Field(default=None, ge=1, le=10_000_000)
     epochs: int | None = Field(default=None, ge=1, le=100_000)
@@ -118,8 +206,11 @@ class JobFields(_Strict):
     workers: int | tuple[int, int] = 2
     use_gpu: bool = False
     compression: CompressionConfig = CompressionConfig()
-    checkpoint_every: int = Field(default=0, ge=0, le=10_000_000)
-    max_failures: int = Field(default=0, ge=-1, le=1000)
+    #: Steps between checkpoints; None: chosen from the run's length
+    #: (:func:`auto_checkpoint_every`); 0: no checkpoints but the final one.
+    checkpoint_every: int | None = Field(default=None, ge=0, le=10_000_000)
+    #: Restarts of the worker group a job survives (-1: any number; 0: the first crash fails it).
+    max_failures: int = Field(default=DEFAULT_MAX_FAILURES, ge=-1, le=1000)
     probe_interval_s: float = Field(default=60.0, gt=0, le=86_400)
     #: Most of the run time the link probes may take (they pause training on every rank).
     probe_budget: float = Field(default=0.02, gt=0, lt=1)
@@ -137,15 +228,19 @@ class JobFields(_Strict):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value not in MODEL_NAMES:
-            raise ValueError(f"unknown model {value!r}; choose one of {', '.join(MODEL_NAMES)}")
-        return value
+        return _name_or_import_path(value, MODEL_NAMES, "model")
 
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
-        if value not in DATASET_NAMES:
-            raise ValueError(f"unknown dataset {value!r}; choose one of {', '.join(DATASET_NAMES)}")
+        return _name_or_import_path(value, DATASET_NAMES + (EXTERNAL_DATASET,), "dataset")
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_path(cls, value: str | None) -> str | None:
+        if value is not None and not is_import_path(value):
+            raise ValueError(f"import path {value!r} is malformed: write 'package.module:factory' "
+                             "(dotted Python identifiers, one colon)")
         return value
 
     @field_validator("workers", mode="before")
@@ -182,7 +277,26 @@ class JobFields(_Strict):
             raise ValueError("give steps or epochs, not both")
         if self.model in SEQUENCE_MODELS and self.dataset == "digits":
             raise ValueError(f"model {self.model!r} takes token sequences; dataset 'digits' holds images")
+        if (self.dataset == EXTERNAL_DATASET) != self.external:
+            raise ValueError(f"dataset {EXTERNAL_DATASET!r} is for external jobs (external: true) only, "
+                             "and an external job's dataset is 'external'")
+        if not self.external and is_import_path(self.dataset) and not is_import_path(self.model):
+            raise ValueError(f"dataset {self.dataset!r} is your own: give your own model too (built-in "
+                             "models are shaped for the built-in datasets)")
         return self
+
+    @property
+    def user_model(self) -> bool:
+        """The model comes from the user's code (an import path)."""
+        return is_import_path(self.model)
+
+    @property
+    def user_dataset(self) -> bool:
+        return is_import_path(self.dataset)
+
+    def checkpoint_interval(self, total_steps: int) -> int:
+        """Steps between checkpoints for a run of ``total_steps`` (0: none but the final one)."""
+        return auto_checkpoint_every(total_steps) if self.checkpoint_every is None else self.checkpoint_every
 
     @property
     def min_workers(self) -> int:
@@ -246,6 +360,11 @@ class Telemetry(_Strict):
     decision_version: int = Field(default=0, ge=0)
     wall_time: float | None = None
     profile: ModelProfile | None = None
+    #: A random id of the worker group that sends this report, new each time Ray Train
+    #: (re)starts the group; the coordinator records a restart when it changes.
+    worker_group: str | None = Field(default=None, max_length=64)
+    #: The checkpoint step this worker group resumed from (None: it started fresh).
+    resumed_from_step: int | None = Field(default=None, ge=0)
 
     @field_validator("phase_seconds")
     @classmethod

@@ -17,16 +17,25 @@ from pathlib import Path
 from typing import Any, Callable
 
 from workers.protocol import TrainConfig
+from workers.runtime_env import inherited_code, uploaded
 
 #: Lowered so ray.train.report does not block ~2 s per call (see Ray Train v2 health checks).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
-def validate(config: TrainConfig) -> None:
-    """Refuse a job that cannot run, before any worker starts."""
+def validate(config: TrainConfig, *, import_here: bool = True) -> None:
+    """Refuse a job that cannot run, before any worker starts: bad built-in combinations, and
+    (``import_here``) user factories that do not import in this process."""
     from workers.data import validate_combination
+    from workers.usercode import check_importable
 
-    validate_combination(config.model, config.dataset, config.batch_size, config.max_workers, seq_len=config.seq_len)
+    if config.external:
+        raise ValueError("external: this job's training runs elsewhere (gradwire.ray.prepare); nothing to launch")
+    if import_here:
+        check_importable(config)
+    if not config.user_dataset:
+        shape_as = "cnn" if config.user_model else config.model
+        validate_combination(shape_as, config.dataset, config.batch_size, config.max_workers, seq_len=config.seq_len)
 
 
 def run_job(
@@ -48,9 +57,15 @@ def run_job(
 
     from workers.loop import train_loop_per_worker
 
-    validate(config)
+    validate(config, import_here=False)
+    runtime_env = config.runtime_env.to_ray() if config.runtime_env else None
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), include_dashboard=False, log_to_driver=False)
+        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), include_dashboard=False, log_to_driver=False,
+                 runtime_env=runtime_env)
+    # Inside the job's runner actor (or a driver given it in ray.init) every child inherits
+    # the job's runtime_env; otherwise it goes on the probe task and the workers themselves.
+    worker_env = uploaded(runtime_env) if runtime_env and not inherited_code() else None
+    check_user_code_on_ray(config, worker_env)
     storage = storage_path or str(Path(tempfile.gettempdir()) / "gradwire-runs")
     name = run_name or f"{config.name}-{uuid.uuid4().hex[:8]}"
     if not resume:
@@ -66,12 +81,40 @@ def run_job(
             storage_path=storage,
             failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            worker_runtime_env=worker_env,
         ),
     )
     result = trainer.fit()
     if result.error is not None:
         raise result.error
     return _summary_from(Path(result.checkpoint.path) if result.checkpoint else None, result.metrics)
+
+
+def check_user_code_on_ray(config: TrainConfig, runtime_env: dict[str, Any] | None = None) -> None:
+    """Build the job's model, data and loss once in a Ray worker process, which has the same
+    ``runtime_env`` as the training workers will (inherited from this actor or driver), so a
+    user factory that does not import or returns the wrong type fails the job at once, naming
+    the path and the error, rather than after Ray Train has started (and, with
+    ``max_failures``, restarted) worker groups that all fail the same way."""
+    if not (config.user_model or config.user_dataset or config.loss):
+        return
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from workers.usercode import build_workload, check_importable
+
+    def check(cfg: TrainConfig) -> None:
+        check_importable(cfg)
+        build_workload(cfg)
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(check)
+    if runtime_env:
+        probe = probe.options(runtime_env=runtime_env)
+    try:
+        ray.get(probe.remote(config))
+    except RayTaskError as exc:
+        cause = exc.cause if isinstance(exc.cause, BaseException) else None
+        raise (cause or exc) from None
 
 
 def _summary_from(checkpoint_dir: Path | None, metrics: dict[str, Any] | None) -> dict[str, Any]:
@@ -101,6 +144,7 @@ def run_local(
     """Run the same loop on ``config.workers`` local processes (gloo), without Ray; for debugging."""
     import torch.multiprocessing as mp
 
+    _put_local_code_on_path(config)
     validate(config)
     world_size = config.max_workers
     root = Path(checkpoint_dir or tempfile.mkdtemp(prefix="gradwire-local-"))
@@ -138,6 +182,26 @@ def run_local(
     latest = (root / "latest").read_text().strip() if (root / "latest").exists() else None
     summary["checkpoint_path"] = str(root / latest) if latest else None
     return summary
+
+
+def _put_local_code_on_path(config: TrainConfig) -> None:
+    """Without Ray, a job's local ``working_dir`` and ``py_modules`` go on ``sys.path`` (and
+    on ``PYTHONPATH``, for the spawned ranks): what Ray's runtime_env does for them on a
+    cluster. Remote URIs and ``pip`` need Ray."""
+    import sys
+
+    env = config.runtime_env
+    if env is None:
+        return
+    if env.pip or any("://" in entry for entry in [env.working_dir or "", *(env.py_modules or [])]):
+        raise ValueError("runtime_env: pip and remote URIs need Ray (run without --no-ray)")
+    paths = ([str(Path(env.working_dir).resolve())] if env.working_dir else []) + [
+        str(Path(module).resolve().parent) for module in env.py_modules or []]
+    for path in reversed(paths):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    os.environ.update(env.env_vars or {})
 
 
 def _drain(reports: Any, progress: Callable[[dict[str, Any]], Any] | None) -> None:

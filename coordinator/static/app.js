@@ -79,13 +79,13 @@ function markSelected() {
 // ---- one job: event stream --------------------------------------------------------------
 function openJob(id) {
   if (stream) stream.close();
-  view = { job: { id }, points: [], decisions: [] };
+  view = { job: { id }, points: [], decisions: [], groups: [] };
   markSelected();
   const url = `v1/jobs/${id}/events` + (token ? `?access_token=${encodeURIComponent(token)}` : "");
   stream = new EventSource(url);
   stream.addEventListener("snapshot", (e) => {
     const h = JSON.parse(e.data);
-    view = { job: h.job, points: h.telemetry, decisions: h.decisions };
+    view = { job: h.job, points: h.telemetry, decisions: h.decisions, groups: h.worker_groups || [] };
     render();
   });
   stream.addEventListener("telemetry", (e) => {
@@ -101,6 +101,7 @@ function openJob(id) {
     if (!view.decisions.some((x) => x.version === d.version)) view.decisions.push(d);
     render();
   });
+  stream.addEventListener("workers", (e) => { view.groups.push(JSON.parse(e.data)); render(); });
   stream.addEventListener("state", (e) => { view.job.state = JSON.parse(e.data).to_state; render(); });
   stream.addEventListener("policy", (e) => { view.job.policy_mode = JSON.parse(e.data).mode; render(); });
   stream.addEventListener("end", (e) => { view.job = JSON.parse(e.data); stream.close(); render(); });
@@ -119,7 +120,7 @@ function render() {
     ["latency", job.latency_seconds ? `${fmt(job.latency_seconds * 1e3)} ms` : "–"],
     ["samples/s", fmt(job.samples_per_second)], ["step time", step ? `${fmt(step * 1e3)} ms` : "–"],
     ["policy", job.policy_mode], ["decision", `v${job.decision_version}`],
-    ["workers", job.world_size ?? job.workers], ["reason", job.reason],
+    ["workers", job.world_size ?? job.workers], ["restarts", restartsLabel(view.groups)], ["reason", job.reason],
   ];
   $("#job-facts").replaceChildren(...facts.flatMap(([k, v]) => {
     const dt = document.createElement("dt"); dt.textContent = k;
@@ -134,6 +135,16 @@ function render() {
   drawLine($("#chart-loss"), view.points, (p) => p.loss, "#a855f7");
   renderLegend(view.points[view.points.length - 1]);
   renderDecisions(view.decisions);
+}
+
+// Worker-group restarts (Ray Train restarted the group after a crash), newest last.
+function restartsLabel(groups) {
+  const restarts = groups.filter((g) => g.restart);
+  if (!restarts.length) return "0";
+  const last = restarts[restarts.length - 1];
+  const from = last.resumed_from_step === null || last.resumed_from_step === undefined
+    ? "step 0" : `checkpoint at step ${last.resumed_from_step}`;
+  return `${restarts.length} (last: resumed from ${from}, was at step ${last.last_reported_step})`;
 }
 
 function renderLegend(point) {

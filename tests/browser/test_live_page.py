@@ -4,26 +4,12 @@ import httpx
 import pytest
 
 from support.api import ADAPTIVE_SPEC, PROFILE, report, submit
-from support.browser import chromium_missing, launch
+from support.browser import chromium_missing
 from support.servers import REPO_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(chromium_missing() is not None, reason=chromium_missing() or "")]
 
 ARTIFACTS = REPO_ROOT / "test-artifacts"
-
-
-@pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        tab = browser.new_page(viewport={"width": 1280, "height": 1100})
-        errors: list[str] = []
-        tab.on("pageerror", lambda exc: errors.append(str(exc)))
-        tab.errors = errors
-        yield tab
-        browser.close()
 
 
 def test_live_page_shows_a_job_with_telemetry_and_updates(start_coordinator, page):

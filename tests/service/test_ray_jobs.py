@@ -7,63 +7,18 @@ launcher — detached actors, queueing, failure, cancel, restart — and ``worke
 
 import importlib.util
 import time
-import uuid
 
 import httpx
 import pytest
 
-from support.api import ADAPTIVE_SPEC, SMALLEST_SPEC
-from support.servers import CoordinatorProcess, wait_for
+from support.api import ADAPTIVE_SPEC, SMALLEST_SPEC, TERMINAL, job_of, post, wait_state
+from support.servers import wait_for
 
 pytestmark = pytest.mark.slow
 
-FAKE = "tests.support.fake_runner:run_job"
 REAL = "workers.runner:run_job"
-TERMINAL = {"succeeded", "failed", "cancelled"}
 needs_real_runner = pytest.mark.skipif(importlib.util.find_spec("workers.runner") is None,
                                        reason="workers/runner.py (the Ray Train runtime) does not exist yet")
-
-
-@pytest.fixture
-def serve(ray_head, tmp_path):
-    """Factory: a ``gradwire serve`` subprocess on the session's Ray cluster, in a namespace of
-    its own (so one test's reconciliation never touches another test's runners)."""
-    namespace = f"gradwire-test-{uuid.uuid4().hex[:8]}"
-    started = []
-
-    def start(runner=FAKE, port=None):
-        proc = CoordinatorProcess(tmp_path / "coordinator", port=port, env={
-            "GRADWIRE_RAY_ADDRESS": ray_head, "GRADWIRE_RUNNER": runner, "GRADWIRE_LAUNCHER": "ray",
-            "GRADWIRE_RAY_NAMESPACE": namespace, "GRADWIRE_POLL_INTERVAL_S": "0.2",
-            "GRADWIRE_HISTORY_INTERVAL_S": "0"})
-        started.append(proc)
-        proc.namespace = namespace
-        return proc.start(timeout_s=90)
-
-    yield start
-    for proc in started:
-        try:
-            for job in httpx.get(f"{proc.url}/v1/jobs", timeout=5).json():
-                if job["state"] not in TERMINAL:
-                    httpx.post(f"{proc.url}/v1/jobs/{job['id']}/cancel", timeout=30)
-        except httpx.HTTPError:
-            pass
-        proc.stop()
-
-
-def post(url, spec):
-    response = httpx.post(f"{url}/v1/jobs", json=spec, timeout=10)
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-def job_of(url, job_id):
-    return httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
-
-
-def wait_state(url, job_id, states, timeout_s=60):
-    return wait_for(lambda: (j := job_of(url, job_id))["state"] in states and j, timeout_s,
-                    f"job {job_id} to become {states}", interval_s=0.2)
 
 
 def fake_spec(name, steps, workers=2, **extra):

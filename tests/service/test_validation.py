@@ -14,7 +14,8 @@ def spec(**changes):
     ("body", "loc", "msg"),
     [
         (spec(model="gpt-5"), ["body", "model"],
-         "Input should be 'mlp', 'cnn', 'resnet18', 'resnet50', 'resnet152', 'vgg16', 'bert-base' or 'bert-large'"),
+         "Value error, unknown model 'gpt-5'; choose one of mlp, cnn, resnet18, resnet50, resnet152, vgg16, "
+         "bert-base, bert-large or give an import path 'package.module:factory'"),
         (spec(steps=-5), ["body", "steps"], "Input should be greater than or equal to 1"),
         (spec(compression={"mode": "fixed", "compressor": "acpsgd", "rank": 0}),
          ["body", "compression", "rank"], "Input should be greater than or equal to 1"),

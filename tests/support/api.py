@@ -47,3 +47,27 @@ def worker_headers(job: dict[str, Any]) -> dict[str, str]:
 def report(url: str, job: dict[str, Any], step: int, **overrides: Any) -> httpx.Response:
     return httpx.post(f"{url}/v1/jobs/{job['id']}/telemetry", json=telemetry(step, **overrides),
                       headers=worker_headers(job))
+
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def post(url: str, spec: dict[str, Any]) -> dict[str, Any]:
+    response = httpx.post(f"{url}/v1/jobs", json=spec, timeout=10)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def job_of(url: str, job_id: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
+
+
+def history_of(url: str, job_id: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/v1/jobs/{job_id}/history", timeout=10).json()
+
+
+def wait_state(url: str, job_id: str, states: set[str], timeout_s: float = 60) -> dict[str, Any]:
+    from support.servers import wait_for
+
+    return wait_for(lambda: (j := job_of(url, job_id))["state"] in states and j, timeout_s,
+                    f"job {job_id} to become {states}", interval_s=0.2)
