@@ -116,6 +116,7 @@ class TelemetryReport(Telemetry):
     rank: int | None = Field(default=None, ge=1, le=4096)
     ratio: float | None = Field(default=None, gt=0, le=1)
     wall_time: float | None = Field(default=None, ge=0)
+    resumed_from_step: int | None = Field(default=None, ge=0, le=MAX_REPORTED_STEP)
     profile: ReportedProfile | None = None
 
     @field_validator("compressor")
