@@ -173,11 +173,16 @@ class RayLauncher:
 
     def launch(self, job_id: str, config: TrainConfig) -> None:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         actor_cls = ray.remote(JobRunner)
+        # On the coordinator's own node: Ray would otherwise put this zero-CPU actor (and with
+        # it the Ray Train controller, which follows its driver) on any node, and a job must
+        # not die with a worker node that goes away (soft: another node if this one cannot).
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
         actor = actor_cls.options(
             name=self._name(job_id), namespace=self._settings.ray_namespace, lifetime="detached",
-            get_if_exists=True, num_cpus=0, max_restarts=0,
+            get_if_exists=True, num_cpus=0, max_restarts=0, scheduling_strategy=here,
         ).remote(self._settings.runner, config.model_dump(mode="json"), self._settings.run_storage)
         ray.get(actor.start.remote(), timeout=120)
 
