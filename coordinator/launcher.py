@@ -178,8 +178,9 @@ class RayLauncher:
         actor_cls = ray.remote(JobRunner)
         # On the coordinator's own node: Ray would otherwise put this zero-CPU actor (and with
         # it the Ray Train controller, which follows its driver) on any node, and a job must
-        # not die with a worker node that goes away (soft: another node if this one cannot).
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+        # not die with a worker node that goes away. Hard affinity (a soft one was placed on
+        # another node in a 2-node cluster): the coordinator's node is alive while it runs.
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         actor = actor_cls.options(
             name=self._name(job_id), namespace=self._settings.ray_namespace, lifetime="detached",
             get_if_exists=True, num_cpus=0, max_restarts=0, scheduling_strategy=here,
