@@ -53,6 +53,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -507,6 +508,7 @@ def run_scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print,
     world_sizes: list[dict[str, Any]] = []
     node_events: list[dict[str, Any]] = []
     killed_at: float | None = None
+    restoring: threading.Thread | None = None
     phase = 0
     deadline = time.monotonic() + opts.timeout_s
     while True:
@@ -530,16 +532,19 @@ def run_scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print,
             killed_at = time.monotonic()
             node_events.append({"step": step, "event": "killed", "node": 1, "pids": len(pids), "at": round(time.time(), 3)})
             log(f"[cluster] step {step}: killed node 1 ({len(pids)} processes)")
-        if killed_at is not None and len(node_events) == 1 and time.monotonic() - killed_at >= opts.restore_after_s:
-            cluster.start_node(1)
-            node_events.append({"step": step, "event": "restored", "node": 1, "at": round(time.time(), 3)})
-            log(f"[cluster] step {step}: node 1 is back")
+        if killed_at is not None and restoring is None and time.monotonic() - killed_at >= opts.restore_after_s:
+            # in a thread: the job is followed (rates, world sizes) while Ray starts on the node
+            restoring = threading.Thread(target=_restore, args=(cluster, 1, node_events, step, log),
+                                         name="gw-restore-node", daemon=True)
+            restoring.start()
         if job["state"] in TERMINAL:
             break
         if time.monotonic() > deadline:
             client.cancel(job_id)
             raise ClusterError(f"the job did not finish within {opts.timeout_s:.0f} s (step {step})")
         time.sleep(0.1)
+    if restoring is not None:
+        restoring.join()
     history = client.history(job_id)
     client.close()
     doc = {
@@ -571,6 +576,13 @@ def restarts(telemetry: list[dict[str, Any]], every: int) -> list[dict[str, Any]
             out.append({"last_step": before["step"], "first_step": after["step"], "resumed_from": resumed,
                         "steps_lost": before["step"] - resumed, "at": after["at"]})
     return out
+
+
+def _restore(cluster: Cluster, node: int, events: list[dict[str, Any]], step: int, log: Any) -> None:
+    events.append({"step": step, "event": "restarting", "node": node, "at": round(time.time(), 3)})
+    cluster.start_node(node)
+    events.append({"event": "restored", "node": node, "at": round(time.time(), 3)})
+    log(f"[cluster] node {node} is back")
 
 
 def switches_of(history: dict[str, Any], summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -771,8 +783,10 @@ def verdict(doc: dict[str, Any], opts: ScenarioOptions) -> dict[str, Any]:
     slow = min(range(len(opts.schedule)), key=lambda i: opts.schedule[i].mbit)
     slow_start, slow_end = (ends[slow - 1] if slow else 0), ends[slow]
     policy = [s for s in doc["switches"] if s["source"] == "policy" and s["step"] is not None]
-    drop = [s for s in policy if slow_start <= s["step"] <= slow_end and _lossiness(s["to"]) > _lossiness(s["from"])]
-    rise = [s for s in policy if s["step"] > slow_end and _lossiness(s["to"]) < _lossiness(s["from"])]
+    changing = len({p.mbit for p in opts.schedule}) > 1  # a steady link has no drop or rise
+    drop = [s for s in policy if changing and slow_start <= s["step"] <= slow_end
+            and _lossiness(s["to"]) > _lossiness(s["from"])]
+    rise = [s for s in policy if changing and s["step"] > slow_end and _lossiness(s["to"]) < _lossiness(s["from"])]
     changes = doc["rate_changes"]
 
     def reports_after(switch: dict[str, Any], change: int) -> float | None:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -134,7 +135,8 @@ def test_ctrl_c_and_a_killed_run_leave_nothing_and_a_second_up_works(tmp_path: P
         assert nothing(leftovers(proc.pid, Path(state["workdir"]))), leftovers(proc.pid, Path(state["workdir"]))
         assert httpx.get(f"{second_state['url']}/healthz", timeout=5).json()["ray"] == "connected"
         # `rate` and `down` from another process act on the running cluster
-        rate = subprocess.run([sys.executable, "-m", "benchmarks.cluster", "rate", "30"], cwd=ROOT,
+        rate = subprocess.run([sys.executable, "-m", "benchmarks.cluster", "rate", "30", "--pid", str(second.pid)],
+                              cwd=ROOT,
                               capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert rate.returncode == 0, rate.stderr
         for ends in second_state["links"].values():
@@ -154,11 +156,22 @@ def test_ctrl_c_and_a_killed_run_leave_nothing_and_a_second_up_works(tmp_path: P
 
 def test_the_coordinator_switches_soon_after_a_drop_and_back_after_a_rise() -> None:
     """REST job on two Ray nodes; the coordinator's policy (not the in-process one) must move
-    to compression within a few reports of the drop and to a less lossy choice after the rise."""
-    wait_for_quiet(15.0)
+    to compression within a few reports of the drop and to a less lossy choice after the rise.
+
+    The rise is only a rise if the CPUs can fill the faster link: with both cores taken by
+    other work the workers measure ~500 Mbit/s on the 2000 Mbit/s link, where rank 64 stays
+    the faster choice (as it should). So a run without the switch back is repeated once,
+    after waiting for a quiet machine, and each attempt records the foreign load it had."""
     opts = cl.ScenarioOptions(schedule=parse_schedule("2000:120,20:80,2000:600"))
-    with cl.Cluster(nodes=2, mbit=2000) as cluster:
-        doc = cl.scenario(cluster, opts, log=lambda m: None)
+    for attempt in range(2):
+        wait_for_quiet(30.0)
+        with cl.Cluster(nodes=2, mbit=2000) as cluster:
+            doc = cl.scenario(cluster, opts, log=lambda m: None)
+        if doc["verdict"]["switch_to_less_lossy_after_recovery"] is not None:
+            break
+        warnings.warn(f"attempt {attempt + 1}: no switch back after the rise (foreign load "
+                      f"{doc['foreign_cores']} cores, bandwidth seen {doc['phases'][-1]['bandwidth_mbit_seen']} Mbit/s)",
+                      stacklevel=1)
     verdict = doc["verdict"]
     assert doc["state"] == "succeeded", doc["reason"]
     assert verdict["switch_to_compression_while_slow"] is not None, doc["switches"]
@@ -176,7 +189,7 @@ def test_losing_a_node_shrinks_the_job_and_it_grows_back() -> None:
     """workers 1..2: node 1's Ray processes are killed mid-job; the job continues on node 0 from
     its last checkpoint, grows back to 2 when the node returns, and finishes."""
     opts = cl.ScenarioOptions(schedule=parse_schedule(cl.NODE_LOSS_SCHEDULE), checkpoint_every=50,
-                              kill_node_at=300, timeout_s=1200.0)
+                              kill_node_at=325, timeout_s=1200.0)
     with cl.Cluster(nodes=2, mbit=1000) as cluster:
         doc = cl.scenario(cluster, opts, log=lambda m: None)
     assert doc["state"] == "succeeded", doc["reason"]

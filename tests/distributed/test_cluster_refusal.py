@@ -37,3 +37,13 @@ def test_without_namespace_rights_the_cluster_refuses_with_the_reason(command: l
     assert "Traceback" not in said
     netns = Path("/run/netns")
     assert not [p for p in (netns.iterdir() if netns.exists() else []) if p.name.startswith(f"gw-{proc.pid}-")]
+
+
+def test_gradwire_demo_network_refuses_with_the_reason_and_says_what_to_run() -> None:
+    proc = subprocess.run(unprivileged([sys.executable, "-m", "coordinator.cli", "demo", "--network"]), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                                                            "COLUMNS": "200"})
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said
+    assert "needs root and network namespaces" in said and "gradwire demo" in said
+    assert "Traceback" not in said
