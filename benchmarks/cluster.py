@@ -96,7 +96,10 @@ NODE_ENV = {"GRADWIRE_ELASTIC_RESIZE_INTERVAL_S": "15", "RAY_TRAIN_WORKER_GROUP_
 
 QUICK_SCHEDULE = "2000:150,20:120,2000:600"
 DEFAULT_SCHEDULE = "2000:400,20:300,2000:1200"
-NODE_LOSS_SCHEDULE = "1000:2500"
+NODE_LOSS_SCHEDULE = "1000:5000"
+#: The killed node returns ``restore_after_s`` after the job has shrunk, or this long after
+#: the kill if it never does.
+RESTORE_ANYWAY_S = 120.0
 #: The scenario job's bounds: a quality bound of rank 64 for ACP-SGD, besides fp16 and none.
 #: Why: with the MLP at batch 32 on these CPUs, ACP-SGD at rank 4-16 beats fp16 and none even
 #: at 2 Gbit/s (its encode+decode costs ~3 ms), so when the link recovers there is nothing
@@ -458,7 +461,7 @@ class ScenarioOptions:
     report_interval_s: float = 0.5
     checkpoint_every: int = 0
     kill_node_at: int | None = None
-    restore_after_s: float = 45.0
+    restore_after_s: float = 10.0
     timeout_s: float = 900.0
     seed: int = 0
 
@@ -509,6 +512,7 @@ def run_scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print,
     node_events: list[dict[str, Any]] = []
     killed_at: float | None = None
     restoring: threading.Thread | None = None
+    shrunk_at: float | None = None
     phase = 0
     deadline = time.monotonic() + opts.timeout_s
     while True:
@@ -532,7 +536,11 @@ def run_scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print,
             killed_at = time.monotonic()
             node_events.append({"step": step, "event": "killed", "node": 1, "pids": len(pids), "at": round(time.time(), 3)})
             log(f"[cluster] step {step}: killed node 1 ({len(pids)} processes)")
-        if killed_at is not None and restoring is None and time.monotonic() - killed_at >= opts.restore_after_s:
+        if killed_at is not None and shrunk_at is None and world_sizes and world_sizes[-1]["world_size"] < 2:
+            shrunk_at = time.monotonic()
+        since = shrunk_at if shrunk_at is not None else killed_at
+        if killed_at is not None and restoring is None and since is not None and \
+                time.monotonic() - since >= (opts.restore_after_s if shrunk_at is not None else RESTORE_ANYWAY_S):
             # in a thread: the job is followed (rates, world sizes) while Ray starts on the node
             restoring = threading.Thread(target=_restore, args=(cluster, 1, node_events, step, log),
                                          name="gw-restore-node", daemon=True)
@@ -818,6 +826,36 @@ def verdict(doc: dict[str, Any], opts: ScenarioOptions) -> dict[str, Any]:
 # --------------------------------------------------------------------------- CLI
 
 
+def markdown(doc: dict[str, Any]) -> str:
+    """The run for the README: switches, then one row per phase of the schedule."""
+    lines = [f"job `{doc['job_id']}`: {doc['state']}, {doc['wall_s']:.0f} s from submission to the end; "
+             f"machine's foreign load {doc['foreign_cores']} cores of {doc['cluster']['machine_cores']}", "",
+             "| switch at step | decided at step | from | to | source | reason |", "|---:|---:|---|---|---|---|"]
+    for s in doc["switches"]:
+        lines.append(f"| {s['step'] if s['step'] is not None else '-'} | {s['decided_at_step']} | {s['from']} | "
+                     f"{s['to']} | {s['source']} | {s['reason']} |")
+    lines += ["", "| link set | steps | rate changed at step | bandwidth measured | compressor(s) | s | ms/step | "
+              "data | forward | backward | exposed comm | optimizer | compress | communicate | decompress |",
+              "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for phase, change in zip(doc["phases"], doc["rate_changes"]):
+        ms = phase["phase_ms"]
+        cells = " | ".join(f"{ms.get(k, 0):.1f}" for k in ("data", "forward", "backward", "exposed_comm", "optimizer",
+                                                          "compress", "communicate", "decompress"))
+        lines.append(f"| {phase['mbit']:g} Mbit/s | {phase['steps']} | {change['step']} | "
+                     f"{phase['bandwidth_mbit_seen']} Mbit/s | {', '.join(phase['compressors'])} | {phase['seconds']} | "
+                     f"{phase['ms_per_step']} | {cells} |")
+    if doc.get("world_sizes"):
+        lines += ["", "world size: " + ", ".join(f"{w['world_size']} from step {w['step']}" for w in doc["world_sizes"])]
+    if doc.get("restarts"):
+        lines += ["restarts: " + ", ".join(f"last step {r['last_step']} -> resumed from {r['resumed_from']} "
+                                          f"({r['steps_lost']} steps lost)" for r in doc["restarts"])]
+    prom = doc["prometheus"]
+    lines += [f"Prometheus: compressors {', '.join(prom['compressors_seen'])}; {prom['phase_series']} phase series "
+              f"({', '.join(prom['phases_seen'])}); ranks switched at the same steps: {doc['ranks_switch_at_the_same_step']}",
+              "", "verdict: " + json.dumps(doc["verdict"])]
+    return "\n".join(lines) + "\n"
+
+
 def _refuse() -> int | None:
     ok, why = available()
     if not ok:
@@ -900,6 +938,7 @@ def _scenario(args: argparse.Namespace) -> int:
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(doc, indent=1) + "\n")
+        args.json_out.with_suffix(".md").write_text(markdown(doc))
         plot(doc, args.plot or args.json_out.with_suffix(".png"))
     print(f"[cluster] done in {doc['total_wall_s']:.0f} s")
     return 0 if doc["state"] == "succeeded" else 1
@@ -1018,8 +1057,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     sc.add_argument("--checkpoint-every", type=int, default=0, help="(node loss: default 50)")
     sc.add_argument("--kill-node-at", type=int, default=None,
                     help="kill node 1's Ray processes at this step (workers 1..2), bring it back later")
-    sc.add_argument("--restore-after-s", type=float, default=45.0,
-                    help="seconds until the killed node returns (the head declares it dead after ~3 s)")
+    sc.add_argument("--restore-after-s", type=float, default=10.0,
+                    help="the killed node returns this long after the job has shrunk to the other node")
     sc.add_argument("--timeout-s", type=float, default=900.0)
     sc.add_argument("--max-wait-quiet-s", type=float, default=20.0,
                     help="before the run, wait up to this long for other work to leave the CPUs")
