@@ -198,6 +198,12 @@ def _tbf_args(mbit: float) -> list[str]:
     return ["tbf", "rate", f"{max(1, round(mbit * 1000))}kbit", "burst", str(burst), "latency", f"{TBF_LATENCY_MS}ms"]
 
 
+def set_link_rate(ns: str, dev: str, mbit: float) -> None:
+    """Shape one link end (device ``dev`` in namespace ``ns``) to ``mbit``; also usable from a
+    process other than the testbed's owner (``benchmarks.cluster rate``)."""
+    _sh(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *_tbf_args(_validate_mbit(mbit))])
+
+
 def _validate_mbit(mbit: float) -> float:
     mbit = float(mbit)
     if not mbit > 0 or mbit != mbit or mbit == float("inf"):
@@ -346,14 +352,24 @@ class Testbed:
 
     # -- actions
 
-    def set_rate(self, mbit: float) -> None:
-        """Change every link's rate, both directions, without tearing anything down."""
+    def set_rate(self, mbit: float, host: int | None = None) -> None:
+        """Change the rate, both directions, without tearing anything down: of every link,
+        or only of host ``host``'s link (with 2 hosts both share the one veth pair)."""
         mbit = _validate_mbit(mbit)
         with self._lock:
             self._require_open()
-            for ns, dev in self._shaped_interfaces():
-                _sh(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", *_tbf_args(mbit)])
-            self._mbit = mbit
+            ends = self._shaped_interfaces() if host is None else self.link_ends(host)
+            for ns, dev in ends:
+                set_link_rate(ns, dev, mbit)
+            if host is None:
+                self._mbit = mbit
+
+    def link_ends(self, i: int) -> list[tuple[str, str]]:
+        """(namespace, device) of both shaped ends of host i's link."""
+        self._index(i)
+        if self.hosts == 2:
+            return self._shaped_interfaces()
+        return [(self.namespace(i), self.interface(i)), (self._switch_ns(), PORT_IF.format(i))]
 
     def run(
         self,

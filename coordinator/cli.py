@@ -170,13 +170,20 @@ def demo(
     keep: bool = typer.Option(False, "--keep", help="leave the coordinator and Ray head running afterwards"),
     port: Optional[int] = typer.Option(None, help="coordinator port (default 8321)"),
     steps: int = typer.Option(150, min=10, max=100_000, help="training steps of the demo job"),
+    network: bool = typer.Option(
+        False, "--network", help="run on an emulated 2-node Ray cluster whose link drops and recovers "
+        "(needs root and `ip netns`; benchmarks/cluster.py of a source checkout)"),
 ) -> None:
     """Start everything locally, run a small adaptive-compression job, show it live, clean up.
 
     Starts (if not already running) a local Ray head and a coordinator in the background with
     SQLite under ./.gradwire, submits an MLP job on 2 CPU workers, prints the live page and
     /metrics URLs, follows the job and prints a summary. Everything it started is stopped at
-    the end unless --keep (then `gradwire serve --stop-ray` stops it)."""
+    the end unless --keep (then `gradwire serve --stop-ray` stops it). Over loopback the link
+    never changes, so nothing adapts: --network shows the bandwidth fall, the coordinator
+    switch compressor and the per-phase picture change."""
+    if network:
+        raise typer.Exit(_network_demo(keep))
     from coordinator.demo import run_demo
     from coordinator.settings import Settings
 
@@ -185,7 +192,26 @@ def demo(
         code = run_demo(settings, keep=keep, steps=steps, console=console)
     except (ApiError, RuntimeError, TimeoutError) as exc:
         raise _fail(str(exc)) from None
+    console.print("[dim]over loopback the link is fast and steady, so the policy keeps its first choice; "
+                  "to see it adapt to a changing network, run as root: [bold]gradwire demo --network[/][/]")
     raise typer.Exit(code)
+
+
+def _network_demo(keep: bool) -> int:
+    """``benchmarks/cluster.py demo`` of this source tree, in a process of its own (it needs
+    root and namespaces, and the coordinator package must not depend on the benchmarks)."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo / "benchmarks" / "cluster.py").exists():
+        raise _fail(f"--network needs a source checkout of gradwire (no benchmarks/cluster.py under {repo})")
+    cmd = [sys.executable, "-m", "benchmarks.cluster", "demo", *(["--keep"] if keep else [])]
+    proc = subprocess.Popen(cmd, cwd=repo)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue  # the child got the same Ctrl-C and is removing its cluster: wait for it
 
 
 def _register_train() -> None:

@@ -34,6 +34,9 @@ class _JobPolicy:
     state: policy.PolicyState
     profile: StepProfile | None = None
     source: ModelProfile | None = None
+    #: The world size of the last report, and the last bandwidth a report with peers measured.
+    world_size: int | None = None
+    bandwidth: float | None = None
 
 
 def _step_profile(profile: ModelProfile, cfg: CompressionConfig) -> StepProfile:
@@ -75,6 +78,7 @@ class DecisionLoop:
             job = self._jobs.get(job_id) or _JobPolicy(state=_fresh_state(current))
             if profile is not None and profile != job.source:
                 job = replace(job, profile=_step_profile(profile, cfg), source=profile)
+            job, t = _for_world_size(job, t)
             inputs = policy_measurements(t, job.profile, spec_of(current))
             if inputs is None:
                 self._jobs[job_id] = job
@@ -108,6 +112,22 @@ class DecisionLoop:
     def forget(self, job_id: str) -> None:
         with self._lock:
             self._jobs.pop(job_id, None)
+
+
+def _for_world_size(job: _JobPolicy, t: Telemetry) -> tuple[_JobPolicy, Telemetry]:
+    """An elastic job's world size changed (a node went away or came back): the choice in
+    force was made for the old size, so the policy decides again at once (no dwell). A lone
+    worker measures no link; its report gets the last bandwidth measured with peers, which
+    costs nothing at world size 1 (no collective has a peer) and keeps the policy's estimate
+    for when the job grows back."""
+    if job.world_size is not None and t.world_size != job.world_size:
+        job = replace(job, state=replace(job.state, last_switch_at=None))
+    job = replace(job, world_size=t.world_size)
+    if t.world_size > 1 and t.bandwidth_bytes_per_second is not None:
+        job = replace(job, bandwidth=t.bandwidth_bytes_per_second)
+    elif t.world_size == 1 and t.bandwidth_bytes_per_second is None and job.bandwidth is not None:
+        t = t.model_copy(update={"bandwidth_bytes_per_second": job.bandwidth})
+    return job, t
 
 
 def _fresh_state(current: DecisionRecord) -> policy.PolicyState:

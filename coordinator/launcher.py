@@ -200,15 +200,22 @@ class RayLauncher:
 
     def launch(self, job_id: str, config: TrainConfig) -> None:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         actor_cls = ray.remote(JobRunner)
         # The job's runtime_env goes on its runner actor (local paths uploaded: an actor takes
         # only URIs); the Train controller and workers the actor starts inherit it (Ray merges
         # a child's runtime_env into its parent's).
         runtime_env = uploaded(config.runtime_env.to_ray()) if config.runtime_env else None
+        # On the coordinator's own node: Ray would otherwise put this zero-CPU actor (and with
+        # it the Ray Train controller, which follows its driver) on any node, and a job must
+        # not die with a worker node that goes away. Hard affinity (a soft one was placed on
+        # another node in a 2-node cluster): the coordinator's node is alive while it runs.
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
         actor = actor_cls.options(
             name=self._name(job_id), namespace=self._settings.ray_namespace, lifetime="detached",
             get_if_exists=True, num_cpus=0, max_restarts=0, runtime_env=runtime_env,
+            scheduling_strategy=here,
         ).remote(self._settings.runner, config.model_dump(mode="json"), self._settings.run_storage)
         ray.get(actor.start.remote(), timeout=120)
 

@@ -59,6 +59,9 @@ SYNTHETIC_IMAGE_CLASSES = 10
 SYNTHETIC_SEQUENCE_CLASSES = 2
 SYNTHETIC_IMAGE_CHANNELS = 3
 SYNTHETIC_IMAGE_SIZE = 32
+#: Synthetic sets up to this size are generated once and kept in memory (3x32x32 images:
+#: 50 MB for the 4096 training samples); larger ones (224-pixel images) are made per access.
+SYNTHETIC_CACHE_BYTES = 128 * 1024 * 1024
 #: BERT's WordPiece vocabulary size and its [CLS] token id: sequences look like BERT input.
 VOCAB_SIZE = 30522
 CLS_TOKEN_ID = 101
@@ -200,9 +203,30 @@ class _SeededSamples(Dataset):
         self.num_samples = num_samples
         self.seed = seed
         self.split_id = SPLITS.index(split)
+        self._cache: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample ``index``; a set that fits :data:`SYNTHETIC_CACHE_BYTES` is generated whole on
+        first access and then served from memory, so input generation costs next to nothing
+        beside a training step (generating one sample takes ~0.1 ms, a batch of 64 ~8 ms)."""
+        if self._cache is None and self._cacheable():
+            self._cache = [self.sample(i) for i in range(self.num_samples)]
+        if self._cache is not None:
+            if not 0 <= index < self.num_samples:
+                raise IndexError(f"index {index} out of range for {self.num_samples} samples")
+            return self._cache[index]
+        return self.sample(index)
+
+    def _cacheable(self) -> bool:
+        inputs, _ = self.sample(0)
+        return inputs.numel() * inputs.element_size() * self.num_samples <= SYNTHETIC_CACHE_BYTES
+
+    def sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Generate sample ``index`` from (seed, split, index) alone."""
+        raise NotImplementedError
 
     def _sample_generator(self, index: int) -> torch.Generator:
         if not 0 <= index < self.num_samples:
@@ -245,7 +269,7 @@ class SyntheticImages(_SeededSamples):
         teacher = torch.randn(channels * 16, num_classes, generator=_generator(_TEACHER_STREAM, seed))
         self.teacher = teacher / teacher.norm(dim=0, keepdim=True)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         generator = self._sample_generator(index)
         channels, size, _ = self.shape
         coarse = torch.randn(1, channels, 4, 4, generator=generator)
@@ -273,7 +297,7 @@ class SyntheticTokens(_SeededSamples):
         self.vocab_size = vocab_size
         self.token_scores = torch.randn(vocab_size, num_classes, generator=_generator(_TEACHER_STREAM, seed))
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.randint(self.vocab_size, (self.seq_len,), generator=self._sample_generator(index))
         tokens[0] = CLS_TOKEN_ID
         label = torch.argmax(self.token_scores[tokens[1:]].sum(0))

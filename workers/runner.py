@@ -21,6 +21,11 @@ from workers.runtime_env import inherited_code, uploaded
 
 #: Lowered so ray.train.report does not block ~2 s per call (see Ray Train v2 health checks).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+#: How often a running elastic job (``workers: "min..max"``) checks whether more workers fit
+#: now (Ray Train's ``elastic_resize_monitor_interval_s``, 60 s by default), from the
+#: environment of the process that runs the job: ``benchmarks/cluster.py`` sets 15 s, so a
+#: returning node is used within seconds rather than a minute.
+ELASTIC_RESIZE_ENV = "GRADWIRE_ELASTIC_RESIZE_INTERVAL_S"
 
 
 def validate(config: TrainConfig, *, import_here: bool = True) -> None:
@@ -75,7 +80,7 @@ def run_job(
         train_loop_per_worker,
         train_loop_config={"train": config.model_dump(mode="json"), "progress_actor": progress_actor},
         torch_config=TorchConfig(backend="nccl" if config.use_gpu else "gloo"),
-        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=config.use_gpu),
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=config.use_gpu, **_elastic_options(workers)),
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=storage,
@@ -115,6 +120,13 @@ def check_user_code_on_ray(config: TrainConfig, runtime_env: dict[str, Any] | No
     except RayTaskError as exc:
         cause = exc.cause if isinstance(exc.cause, BaseException) else None
         raise (cause or exc) from None
+
+
+def _elastic_options(workers: int | tuple[int, int]) -> dict[str, float]:
+    interval = os.environ.get(ELASTIC_RESIZE_ENV)
+    if interval is None or isinstance(workers, int):
+        return {}
+    return {"elastic_resize_monitor_interval_s": float(interval)}
 
 
 def _summary_from(checkpoint_dir: Path | None, metrics: dict[str, Any] | None) -> dict[str, Any]:

@@ -66,3 +66,16 @@ def test_allowed_list_and_rank_bounds_reach_the_policy():
                             max_rank=8)
     v0 = DecisionLoop.initial(cfg, 0.0)
     assert DecisionLoop().on_report("j", "adaptive", cfg, v0, tele(20, FAST, PROFILE), PROFILE, 1.0) is None
+
+
+def test_a_world_size_change_is_decided_again_at_once_and_a_lone_worker_drops_compression():
+    """An elastic job loses a node: at world size 1 there is no one to send to, so the policy
+    (despite its dwell) moves to `none`; when the node returns it decides again for 2."""
+    loop, v0 = DecisionLoop(), DecisionLoop.initial(ADAPTIVE, 0.0)
+    assert loop.on_report("j", "adaptive", ADAPTIVE, v0, tele(20, SLOW, PROFILE), PROFILE, 1.0) is None  # keeps acpsgd
+    lone = Telemetry(step=30, bandwidth_bytes_per_second=None, phase_seconds=PHASES, world_size=1)
+    v1 = loop.on_report("j", "adaptive", ADAPTIVE, v0, lone, PROFILE, 2.0)
+    assert (v1.compressor, v1.source) == ("none", "policy") and "1 workers" in v1.reason
+    # the node is back within the dwell: the job is decided again for 2 workers on the slow link
+    v2 = loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(40, SLOW), PROFILE, 3.0)
+    assert (v2.version, v2.compressor, v2.source) == (2, "acpsgd", "policy") and "2 workers" in v2.reason

@@ -224,3 +224,30 @@ def test_infinite_loader_crosses_epochs_and_resumes_mid_epoch() -> None:
 def test_infinite_loader_rejects_a_batch_larger_than_the_shard() -> None:
     with pytest.raises(ValueError, match="larger than each worker's shard"):
         InfiniteLoader(_index_dataset(10), batch_size=8, rank=0, world_size=2, seed=0)
+
+
+def test_a_small_synthetic_set_is_generated_once_with_the_same_samples() -> None:
+    """The demo's input must cost next to nothing beside a step: a set that fits in memory
+    is generated whole on first access, sample for sample what per-access generation gives."""
+    from workers.data import SyntheticImages
+
+    cached = SyntheticImages(256, seed=3, flatten=True)
+    first = cached[17]
+    assert cached._cache is not None and len(cached._cache) == 256
+    for index in (0, 17, 255):
+        image, label = cached[index]
+        fresh_image, fresh_label = cached.sample(index)
+        assert torch.equal(image, fresh_image) and int(label) == int(fresh_label)
+    assert cached[17] is first  # served from memory, not generated again
+    with pytest.raises(IndexError):
+        cached[256]
+
+
+def test_a_large_synthetic_set_is_still_generated_per_access() -> None:
+    from workers.data import SYNTHETIC_CACHE_BYTES, SyntheticImages
+
+    large = SyntheticImages(4096, image_size=224)  # 4096 x 3x224x224 floats = 2.4 GB
+    assert 4096 * 3 * 224 * 224 * 4 > SYNTHETIC_CACHE_BYTES
+    image, _ = large[5]
+    assert large._cache is None and image.shape == (3, 224, 224)
+    assert torch.equal(image, large.sample(5)[0])
