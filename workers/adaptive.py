@@ -68,6 +68,7 @@ def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | N
         current=current,
         grad_norm=telemetry.grad_norm,
         step=telemetry.step,
+        errors=dict(telemetry.compression_error_estimates) or None,
     )
 
 
