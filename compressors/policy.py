@@ -26,9 +26,11 @@ Algorithm of :func:`decide`:
    measured compression error (``Measurements.errors``, from ``compressors.quality``):
    the objective is progress per second, ``δ(ε) / step_s`` (:mod:`compressors.progress`),
    i.e. the candidate with the least *time per unit of progress* ``τ = step_s / δ`` wins
-   (ties go to the less lossy one). A lossy candidate with no measured error is not chosen
-   while other candidates have one; with no errors at all (``errors=None``), ``τ`` is the
-   step time (the policy of before the quality signal).
+   (ties go to the less lossy one). Estimates are calibrated by what the running
+   compressor really loses (``Measurements.running_error``, averaged per label in the state;
+   :func:`compressors.progress.calibrated_errors`). A lossy candidate with no error is not
+   chosen while other candidates have one; with no errors at all, ``τ`` is the step time
+   (the policy of before the quality signal).
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
    Otherwise switch only when the predicted gain ``(τ_current − τ_best) / τ_current`` (the
    share of time to accuracy saved) exceeds ``gain_threshold`` and at least ``min_dwell_s``
@@ -51,7 +53,7 @@ from compressors.costmodel import (
     candidates,
     predict_step,
 )
-from compressors.progress import error_of, seconds_per_progress
+from compressors.progress import Measured, calibrated_errors, error_of, record_running, seconds_per_progress
 from compressors.spec import COMPRESSOR_NAMES, LOW_RANK, CompressorSpec
 
 #: Compressors that lose information and have no rank to raise in a critical regime.
@@ -130,6 +132,8 @@ class Measurements:
     #: Relative compression error by candidate label (``compressors.quality.estimate_errors``);
     #: None: unknown, judge by step time alone.
     errors: Mapping[str, float] | None = None
+    #: (label, error) of the compressor that ran the reported step (``ErrorMeter``).
+    running_error: tuple[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ class PolicyState:
     critical_until: float | None = None
     last_switch_at: float | None = None
     switches: int = 0
+    #: Averaged running error of every label that has run (``compressors.progress``).
+    measured: Measured = ()
 
 
 @dataclass(frozen=True)
@@ -322,6 +328,9 @@ def decide(
     """Keep the current compressor or switch; returns the decision and the next state."""
     state = _smooth_link(state, m, cfg, now)
     critical_why, state = _critical_regime(state, m, cfg, now)
+    if m.running_error is not None:
+        state = dataclasses.replace(state, measured=record_running(state.measured, *m.running_error))
+    m = dataclasses.replace(m, errors=calibrated_errors(m.errors, state.measured))
     assert state.bandwidth_ewma is not None and state.latency_ewma is not None
     link = alpha_beta_from_bandwidth(state.bandwidth_ewma, _alpha(state.latency_ewma, m.world_size))._replace(
         wake_s=m.wake_s)

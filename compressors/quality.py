@@ -48,9 +48,11 @@ def _ratio(lost_sq: float, total_sq: float) -> float:
 
 @dataclass
 class _StepSums:
-    total_sq: float = 0.0  # Σ ‖g + e_old‖² over every tensor of the step
-    lost_sq: float = 0.0  # Σ ‖x − C(x)‖² measured without error feedback (casts)
-    keys: list[str] = field(default_factory=list)
+    #: 0-dim tensors, summed once at the end of the step (one host sync, not one per tensor)
+    total_sq: list[torch.Tensor] = field(default_factory=list)  # ‖g + e_old‖² of every tensor
+    lost_sq: list[torch.Tensor] = field(default_factory=list)  # ‖x − C(x)‖² of the casts
+    keys: list[str] = field(default_factory=list)  # tensors whose residual after encoding is x − C(x)
+    warm: bool = False  # a warm-up step (plain all-reduce): no compression to measure
 
 
 class ErrorMeter:
@@ -77,36 +79,42 @@ class ErrorMeter:
     def bucket(self, slots: Sequence[GradSlot], compressor: Compressor) -> None:
         started = time.perf_counter()
         with torch.no_grad():
-            residuals = compressor.residuals() if isinstance(compressor, ErrorFeedbackCompressor) else {}
+            feedback = isinstance(compressor, ErrorFeedbackCompressor)
+            residuals = compressor.residuals() if feedback else {}
             warm = compressor.steps_done < compressor.spec.warmup_steps
             cast = _CASTS.get(compressor.name)
             sums = self._sums
+            sums.warm = sums.warm or warm
             for slot in slots:
-                grad = slot.grad.detach()
+                grad = slot.grad.detach().reshape(-1)
                 residual = residuals.get(slot.key)
+                x_sq = torch.dot(grad, grad)
                 if residual is not None and not warm and residual.numel() == grad.numel():
-                    x_sq = float(torch.sum((grad.reshape(-1) + residual.reshape(-1)) ** 2))
-                else:
-                    x_sq = float(torch.sum(grad * grad))
-                sums.total_sq += x_sq
-                compressed = not warm and compressor.compresses(tuple(grad.shape))
+                    # ‖g + e‖² = ‖g‖² + 2⟨g, e⟩ + ‖e‖², without materialising g + e
+                    flat = residual.reshape(-1)
+                    x_sq = x_sq + 2 * torch.dot(grad, flat) + torch.dot(flat, flat)
+                sums.total_sq.append(x_sq)
+                compressed = not warm and compressor.compresses(tuple(slot.grad.shape))
                 if compressed and cast is not None:
-                    sums.lost_sq += float(torch.sum((grad - grad.to(cast).to(grad.dtype)) ** 2))
-                elif compressed and isinstance(compressor, ErrorFeedbackCompressor):
+                    lost = grad - grad.to(cast).to(grad.dtype)
+                    sums.lost_sq.append(torch.dot(lost, lost))
+                elif compressed and feedback:
                     sums.keys.append(slot.key)  # its residual after encoding is x − C(x)
-                if self._sampling and grad.dim() >= 2:
-                    self._pending_sample.append(grad.clone())
+                if self._sampling and slot.grad.dim() >= 2:
+                    self._pending_sample.append(slot.grad.detach().clone())
         self.seconds += time.perf_counter() - started
 
     def step_done(self, compressor: Compressor) -> None:
         started = time.perf_counter()
         sums, self._sums = self._sums, _StepSums()
-        lost = sums.lost_sq
-        if sums.keys and isinstance(compressor, ErrorFeedbackCompressor):
-            residuals = compressor.residuals()
-            with torch.no_grad():
-                lost += math.fsum(float(torch.sum(residuals[k] * residuals[k])) for k in sums.keys if k in residuals)
-        self.last = _ratio(lost, sums.total_sq)
+        with torch.no_grad():
+            lost = list(sums.lost_sq)
+            if sums.keys and isinstance(compressor, ErrorFeedbackCompressor):
+                residuals = compressor.residuals()
+                lost += [torch.dot(residuals[k].reshape(-1), residuals[k].reshape(-1)) for k in sums.keys if k in residuals]
+            total = float(torch.stack(sums.total_sq).double().sum()) if sums.total_sq else 0.0
+            lost_sq = float(torch.stack(lost).double().sum()) if lost else 0.0
+        self.last = None if sums.warm else _ratio(lost_sq, total)
         if self._pending_sample:
             ordered = sorted(self._pending_sample, key=lambda t: t.numel(), reverse=True)
             kept, budget = [], self.sample_elements
