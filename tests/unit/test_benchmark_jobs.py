@@ -32,8 +32,8 @@ def test_the_adaptive_defaults_build_a_job_with_the_scaled_policy_settings() -> 
 def test_every_adaptive_scenario_has_an_evaluation_at_90_percent_of_its_steps() -> None:
     assert set(adaptive.parse_args([]).scenarios) == set(adaptive.SCENARIOS)
     assert list(adaptive.parse_args(["--quick"]).scenarios) == ["fast-slow-fast"]
-    runs = {"none": {"eval": [[10 * i, float(i), 2.0 - 0.01 * i] for i in range(1, 31)]}}
+    runs = {"none": {"eval": [[15 * i, float(i), 2.0 - 0.01 * i] for i in range(1, 21)]}}
     phases = adaptive.parse_schedule(adaptive.SCENARIOS["fast-slow-fast"])
-    assert adaptive.target_of(runs, phases) == 2.0 - 0.01 * 27
-    assert adaptive.time_to_target(runs["none"]["eval"], 1.75) == 25.0
+    assert adaptive.target_of(runs, phases) == 2.0 - 0.01 * 18
+    assert adaptive.time_to_target(runs["none"]["eval"], 1.85) == 15.0
     assert adaptive.time_to_target(runs["none"]["eval"], 1.0) is None

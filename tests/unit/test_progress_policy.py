@@ -133,3 +133,57 @@ def test_decide_stays_pure_with_errors():
     state = PolicyState(bandwidth_ewma=MBIT50, latency_ewma=LATENCY, smoothed_at=0.0)
     assert decide(state, m, DEFAULTS, 5.0) == decide(state, m, DEFAULTS, 5.0)
     assert isinstance(decide(state, m, DEFAULTS, 5.0)[0], (Keep, Switch))
+
+
+def test_estimates_are_calibrated_by_the_running_error_of_their_family():
+    from compressors.progress import calibrated_errors, record_running
+
+    estimates = {"none": 0.0, "acpsgd-r4": 0.35, "acpsgd-r8": 0.17, "powersgd-r8": 0.17, "topk-0.01": 0.85}
+    assert calibrated_errors(None, ()) is None
+    assert calibrated_errors(estimates, ()) == estimates
+    measured = record_running((), "acpsgd-r8", 0.7)
+    measured = record_running(measured, "acpsgd-r8", 0.8)  # averaged: 0.7 + 0.3 * 0.1
+    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.73)
+    judged = calibrated_errors(estimates, measured)
+    ratio = 0.73 / 0.17
+    assert judged["acpsgd-r8"] == pytest.approx(0.73)  # what it really lost
+    assert judged["powersgd-r8"] == pytest.approx(0.73)  # same family, same estimate
+    assert judged["acpsgd-r4"] == 1.0  # 0.35 * ratio, capped
+    assert judged["topk-0.01"] == 0.85 and judged["none"] == 0.0  # other families untouched
+    assert ratio > 4
+
+
+def test_a_running_error_above_the_estimate_moves_the_choice_to_less_lossy():
+    """At 50 Mbit/s the raw estimates favour a low rank; once that rank runs and loses far
+    more than estimated (error feedback on a warm start), the policy moves to a higher rank."""
+    errors = spectrum_errors()
+    state = PolicyState()
+    decision, state = decide(state, measure(MBIT50, make_spec("none"), errors), DEFAULTS, 0.0)
+    assert isinstance(decision, Switch)
+    first = decision.spec
+    running = (first.label, min(1.0, 2.2 * errors[first.label]))
+    now, current, moves = 2.0, first, []
+    while now < 200:
+        m = Measurements(MBIT50, LATENCY, WORKERS, PROFILE, current, errors=errors,
+                         running_error=(current.label, min(1.0, 2.2 * errors[current.label])))
+        decision, state = decide(state, m, DEFAULTS, now)
+        if isinstance(decision, Switch):
+            moves.append(decision.spec)
+            current = decision.spec
+        now += 2.0
+    assert running[1] > errors[first.label]
+    assert moves and all(s.name in ("acpsgd", "powersgd", "none", "fp16", "bf16") for s in moves)
+    assert (current.rank or 10**6) > first.rank  # a higher rank (or no compression) in the end
+    assert len(moves) <= 3  # it settles
+
+
+def test_the_worker_report_carries_the_running_compressor_label():
+    from workers.adaptive import policy_measurements
+    from workers.protocol import Telemetry
+
+    t = Telemetry(step=5, bandwidth_bytes_per_second=MBIT50, compressor="acpsgd", rank=8, compression_error=0.6,
+                  compression_error_estimates={"acpsgd-r8": 0.2})
+    m = policy_measurements(t, PROFILE, make_spec("acpsgd", rank=8))
+    assert m.running_error == ("acpsgd-r8", 0.6) and m.errors == {"acpsgd-r8": 0.2}
+    bare = policy_measurements(Telemetry(step=5, bandwidth_bytes_per_second=MBIT50), PROFILE, make_spec("none"))
+    assert bare.running_error is None and bare.errors is None
