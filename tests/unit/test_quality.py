@@ -161,3 +161,27 @@ def test_the_hook_measures_the_running_error_and_samples_gradients(one_process_g
     model.zero_grad()
     nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
     assert meter.last == 0.0
+
+
+def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group):
+    from workers.protocol import TrainConfig
+    from workers.quality import QualitySignal
+
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)))
+    sync = GradientSync(build("none")).install(model)
+    cfg = TrainConfig(name="q", model="mlp", dataset="synthetic", steps=10, workers=1, probe_interval_s=1e-6,
+                      compression={"mode": "adaptive", "compressor": "none", "allowed": ["none", "acpsgd"],
+                                   "max_rank": 8})
+    signal = QualitySignal(cfg, sync)
+    for _ in range(4):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
+        signal.after_step()
+    assert set(signal.estimates) == {"none", "acpsgd-r8", "acpsgd-r4", "acpsgd-r2", "acpsgd-r1"}
+    assert signal.estimates["acpsgd-r1"] > signal.estimates["acpsgd-r8"] and signal.running_error == 0.0
+    overhead = signal.overhead()
+    assert overhead["estimates"] >= 1 and overhead["estimate_s"] > 0 and 0 < overhead["share_of_run"] < 1
+    fixed = QualitySignal(cfg.model_copy(update={"compression": cfg.compression.model_copy(update={"mode": "fixed"})}),
+                          sync)
+    assert fixed.candidates == () and (fixed.after_step() or fixed.estimates) == {}
