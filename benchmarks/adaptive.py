@@ -666,6 +666,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None, help="PNG (default: next to --json-out)")
     parser.add_argument("--md-out", type=Path, default=None, help="markdown tables (default: next to --json-out)")
+    parser.add_argument("--include", type=Path, action="append", default=None,
+                        help="add the scenarios of an earlier result JSON that this run does not measure")
+    parser.add_argument("--merge-only", action="store_true",
+                        help="measure nothing: write the --include files' scenarios as one result")
     parser.add_argument("--keep", type=Path, default=None, help="keep every run's telemetry, checkpoints and logs here")
     args = parser.parse_args(argv)
     chosen: dict[str, str] = {}
@@ -681,6 +685,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if round(0.9 * total) % EVAL_EVERY or total % EVAL_EVERY:
             parser.error(f"--scenario {name}: {total} steps; the total and 90 % of it must be multiples of {EVAL_EVERY}")
     args.scenarios = chosen
+    if args.merge_only and not args.include:
+        parser.error("--merge-only: name the results to merge with --include")
     return args
 
 
@@ -727,16 +733,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["_rank"]:
         return rank_entry(argv[1:])
     args = parse_args(argv)
-    ok, why = Testbed.available()
-    if not ok:
-        print(f"testbed unavailable: {why}", file=sys.stderr)
-        return 2
     started = time.monotonic()
     doc: dict[str, Any] = {"scenarios": {}}
-    first_rate = parse_schedule(next(iter(args.scenarios.values())))[0].mbit
-    with Testbed(hosts=2, mbit=first_rate) as tb, tempfile.TemporaryDirectory(prefix="gw-adaptive-") as tmp:
-        for name in args.scenarios:
-            doc["scenarios"][name] = run_scenario(tb, args, name, Path(args.keep or tmp))
+    if args.merge_only:
+        args.scenarios = {}
+    else:
+        ok, why = Testbed.available()
+        if not ok:
+            print(f"testbed unavailable: {why}", file=sys.stderr)
+            return 2
+        first_rate = parse_schedule(next(iter(args.scenarios.values())))[0].mbit
+        with Testbed(hosts=2, mbit=first_rate) as tb, tempfile.TemporaryDirectory(prefix="gw-adaptive-") as tmp:
+            for name in args.scenarios:
+                doc["scenarios"][name] = run_scenario(tb, args, name, Path(args.keep or tmp))
+    for path in args.include or []:  # scenarios measured by another run of this command
+        for name, scenario in json.loads(path.read_text())["scenarios"].items():
+            doc["scenarios"].setdefault(name, {**scenario, "from": str(path)})
     doc["verdict"] = overall_verdict(doc)
     doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr,
                   "bucket_cap_mb": args.bucket_cap_mb, "workers": 2, "seed": args.seed, "eval_every": EVAL_EVERY,
@@ -746,6 +758,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   ADAPTIVE: compression_of(ADAPTIVE, args), "cpu_cores": os.cpu_count(),
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "wall_s": round(time.monotonic() - started)}
+    if args.merge_only:
+        doc["job"] = {**json.loads(args.include[0].read_text())["job"], "merged_from": [str(p) for p in args.include]}
     table = markdown(doc)
     print(table)
     print(json.dumps(doc["verdict"], indent=2))

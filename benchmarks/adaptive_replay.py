@@ -98,6 +98,12 @@ def link_of(gbit: float) -> Link:
     return Link(alpha=ALPHA_S, beta=8.0 / (gbit * 1e9))
 
 
+#: Batch of the one measured backward: BERT-Base at the paper's 32 (a gradient of B·L tokens has
+#: rank <= B·L, so a small batch would make low ranks look lossless); ResNet-50 at 8 (its batch
+#: of 64 at 224 px does not fit this machine's time; conv gradients sum over positions too).
+ERROR_BATCH = {"resnet50": 8, "bert-base": 32}
+
+
 def measured_errors(model: str, specs: Sequence[CompressorSpec], batch: int = 2) -> dict[str, float]:
     """Every candidate's estimated error on one real backward of ``model`` (synthetic batch, CPU)."""
     import torch
@@ -203,9 +209,10 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         same = [tuple(s) for s in paper.get("workloads", {}).get(model, {}).get("shapes", [])] == shapes
         profile = profile_for(model, shapes, calib.get("ready_s") if same else None, cost, specs)
         started = time.monotonic()
-        errors = measured_errors(model, specs)
+        errors = measured_errors(model, specs, ERROR_BATCH.get(model, 8))
         running = {label: min(1.0, e * args.running_over_estimate) for label, e in errors.items()}
-        per_model: dict[str, Any] = {"errors": errors, "estimate_s": round(time.monotonic() - started, 1), "workers": {}}
+        per_model: dict[str, Any] = {"errors": errors, "error_batch": ERROR_BATCH.get(model, 8),
+                                     "estimate_s": round(time.monotonic() - started, 1), "workers": {}}
         for workers in args.workers:
             sim = Replay(profile, workers, trace, errors, running)
             target = 0.9 * sim.steps_through_trace(make_spec("none"))
