@@ -209,7 +209,8 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         same = [tuple(s) for s in paper.get("workloads", {}).get(model, {}).get("shapes", [])] == shapes
         profile = profile_for(model, shapes, calib.get("ready_s") if same else None, cost, specs)
         started = time.monotonic()
-        errors = measured_errors(model, specs, ERROR_BATCH.get(model, 8))
+        earlier = json.loads(args.errors_from.read_text())["models"].get(model) if args.errors_from else None
+        errors = earlier["errors"] if earlier else measured_errors(model, specs, ERROR_BATCH.get(model, 8))
         running = {label: min(1.0, e * args.running_over_estimate) for label, e in errors.items()}
         per_model: dict[str, Any] = {"errors": errors, "error_batch": ERROR_BATCH.get(model, 8),
                                      "estimate_s": round(time.monotonic() - started, 1), "workers": {}}
@@ -264,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--from-benchmark", type=Path, default=ROOT / "benchmarks/results/adaptive_quick.json")
     parser.add_argument("--paper-json", type=Path, default=ROOT / "benchmarks/results/paper.json")
     parser.add_argument("--cost-json", type=Path, default=ROOT / "benchmarks/results/compressor_cost.json")
+    parser.add_argument("--errors-from", type=Path, default=None,
+                        help="reuse the measured errors of an earlier replay JSON (skips the backward passes)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.running_over_estimate is None:
