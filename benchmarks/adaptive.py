@@ -1,41 +1,42 @@
-"""The adaptive policy against every fixed compressor, on an emulated link whose rate changes.
+"""The adaptive policy against every fixed compressor, judged by time to a target held-out loss.
 
-Why: the claim of gradwire is that choosing the compressor from the *measured* link beats
-any single choice made in advance when the network changes. This benchmark runs the same
-two-worker job (one worker per network namespace of :mod:`benchmarks.testbed`) once with
-each fixed compressor and once with the adaptive policy (rank 0's in-process policy, no
-coordinator), while the link rate follows a schedule, e.g. 1000 -> 50 -> 500 Mbit/s.
+Why: what a user wants from adaptive compression is the shortest time to a given model
+quality on a network they do not know in advance, without tuning a rank per model. This
+benchmark runs the same two-worker job (one worker per network namespace of
+:mod:`benchmarks.testbed`: local processes, not a Ray cluster) once with each fixed
+compressor and once with the adaptive policy at its DEFAULT bounds (every compressor, ranks
+1..64; rank 0's in-process policy, no coordinator), in each scenario of :data:`SCENARIOS`:
+steady fast (1000 Mbit/s), steady slow (50 Mbit/s), fast->slow->fast, and oscillating with
+a period near the policy's dwell.
 
 The job: the small CNN (0.15 M parameters, 0.6 MB of gradients) at batch 32 on 32x32
-synthetic images, with 0.25 MB DDP buckets, so the classifier's gradients (ready early in
-backward) travel while the convolutions' backward runs: at 1000 Mbit/s the uncompressed
-all-reduce hides behind compute, at 50 Mbit/s it costs ~4x the compute. ``adaptive`` runs
-the policy with a quality bound, ``min_rank = max_rank = 16`` (this CNN's held-out loss is
-~30 % worse at rank 4, within run-to-run noise at 16); ``adaptive-defaults`` runs it with
-every bound at its default and is reported under ``extra_runs``.
+synthetic images, 0.25 MB DDP buckets, 300 steps, the same seed for every run.
 
-Fixed steps, not fixed time. Every phase of the schedule is a fixed number of training
-steps: the driver follows rank 0's telemetry and changes the rate as soon as a report shows
-the phase's last step done. So every run does the same work under each rate, and the time
-it needs (``total_s``, ``phase_s``) compares directly across runs; the oracle is the sum
-over phases of the fastest fixed choice's ``phase_s`` in that phase. (Fixed wall-clock
-phases would let a slow choice spend fewer steps on the slow link, blurring what it costs
-there.) Reports come every ``--report-interval-s`` (0.1 s: the policy decides on each one),
-so the rate changes up to one interval plus ~20 ms (a poll, two ``tc`` calls) after the
-boundary; phase times are interpolated between reports at the nominal boundary steps. In
-the JSON, each schedule entry gives ``steps`` and ``seconds``, the phase's length in the
-adaptive run (or, without one, the first choice's run).
+Judged by time to target. Every run checkpoints every :data:`EVAL_EVERY` steps (the same
+cost for every run); after the run each checkpoint's model is evaluated on the first 512 held-out
+samples, outside the timed run. The scenario's target is the held-out loss uncompressed
+training (``none``) reaches at 90 % of its steps; a run's ``time_to_target_s`` is the wall
+time of its first evaluation at or below it (null: never). Wall times come from rank 0's
+telemetry, from the end of step 1 (start-up, model build and the first probe left out;
+later probes, the quality signal, the policy and the checkpoints are in, for every run alike).
 
-Times come from the telemetry's wall clock: ``total_s`` runs from the end of step 1 to the
-last step (process start-up, model build and the first probe are left out; later probes,
-the policy and telemetry are in, for every run alike). Each choice runs ``--repeats``
-times, round-robin, and each phase counts its best time over the repeats (other users of
-this shared machine only ever add time; every run records the cores they kept busy as
-``foreign_cores``). ``final_loss`` is the job summary's (last step's batch, averaged over
-ranks; every run sees the same batches); ``eval_loss``, the final model's loss on the 1024
-held-out samples, is the steadier figure to compare quality by.
+Fixed steps, not fixed time: each phase of a schedule is a number of training steps; the
+driver follows rank 0's telemetry and changes the rate when a report shows the phase's last
+step done, so every run does the same work under each rate.
 
-    python benchmarks/adaptive.py --json-out benchmarks/results/adaptive.json   # --quick: ~5 minutes
+The machine is shared: every run records the cores other processes kept busy meanwhile
+(``foreign_cores``) and is repeated once when that exceeded :data:`BUSY_CORES`; the run with
+the least foreign load is kept (``foreign_cores_runs`` lists every attempt's).
+
+JSON (``--json-out``)::
+
+    {"scenarios": {"<name>": {"target": x, "schedule": [...], "verdict": {...},
+        "runs": {"<label>": {"time_to_target_s": t or null, "total_s": t, "final_eval": x,
+                              "eval": [[step, wall_s, x], ...], "switches": [...], ...}}}},
+     "verdict": {"worst_ratio_to_best_fixed": {...}}, "job": {...}}
+
+    python benchmarks/adaptive.py --json-out benchmarks/results/adaptive.json          # every scenario
+    python benchmarks/adaptive.py --quick --json-out benchmarks/results/adaptive_quick.json  # fast-slow-fast only
 
 Needs root (network namespaces); every timed run holds ``/tmp/gradwire-bench.lock``.
 """
@@ -43,6 +44,7 @@ Needs root (network namespaces); every timed run holds ``/tmp/gradwire-bench.loc
 from __future__ import annotations
 
 import argparse
+import math
 import fcntl
 import json
 import os
@@ -66,11 +68,23 @@ from workers.protocol import TrainConfig  # noqa: E402
 
 LOCK_PATH = "/tmp/gradwire-bench.lock"
 FIXED_CHOICES = ("none", "fp16", "powersgd-r4", "acpsgd-r4", "acpsgd-r16", "topk-0.01", "signsgd")
+#: The policy with every bound at its default (all compressors, ranks 1..64).
 ADAPTIVE = "adaptive"
-#: The policy with every bound at its default (min_rank 1, max_rank 64, all compressors).
-ADAPTIVE_DEFAULTS = "adaptive-defaults"
-DEFAULT_SCHEDULE = "1000:400,50:200,500:400"
-QUICK_SCHEDULE = "1000:120,50:60,500:120"
+#: Every scenario: 300 steps, the same for every run (Mbit/s:steps, ...).
+SCENARIOS = {
+    "steady-fast": "1000:300",
+    "steady-slow": "50:300",
+    "fast-slow-fast": "1000:120,50:60,1000:120",
+    # A period of ~2-4 s, near the benchmark's 2 s dwell.
+    "oscillating": ",".join(["1000:40,50:20"] * 5),
+}
+QUICK_SCENARIOS = ("fast-slow-fast",)
+#: Held-out evaluation every this many steps (a checkpoint, evaluated after the run).
+EVAL_EVERY = 15
+#: Held-out samples per evaluation (the same for every run and step).
+HELD_OUT_SAMPLES = 512
+#: A run that saw other users keep more cores than this busy is repeated (once).
+BUSY_CORES = 0.5
 POLL_S = 0.005
 #: A run starts once other processes keep fewer than this many cores busy (or after the wait).
 QUIET_CORES = 0.3
@@ -230,7 +244,7 @@ class JobRun:
 
 
 def run_job(tb: Testbed, cfg: TrainConfig, phases: Sequence[Phase], workdir: Path, *,
-            label: str, timeout_s: float = 600.0) -> JobRun:
+            label: str, timeout_s: float = 600.0, evaluate: bool = True) -> JobRun:
     """Run ``cfg`` on the testbed's two hosts, walking the rate through ``phases`` by step.
 
     1. Set the first phase's rate; start this module's ``_rank`` entry (``workers.rank_main``
@@ -261,7 +275,7 @@ def run_job(tb: Testbed, cfg: TrainConfig, phases: Sequence[Phase], workdir: Pat
             raise TestbedError(f"{label}: rank {rank} exited with {proc.returncode}:\n{tail}")
     checkpoint = final_checkpoint(workdir / "checkpoints")
     return JobRun(label=label, reports=reports, summary=json.loads(summary_path.read_text()), rate_changes=changes,
-                  checkpoint=checkpoint, eval_loss=eval_loss(cfg, checkpoint))
+                  checkpoint=checkpoint, eval_loss=eval_loss(cfg, checkpoint) if evaluate else None)
 
 
 def cap_gso(tb: Testbed, max_bytes: int = 32 * 1024) -> None:
@@ -284,30 +298,54 @@ def final_checkpoint(root: Path) -> Path:
 
 
 def eval_loss(cfg: TrainConfig, checkpoint: Path) -> float:
-    """Cross-entropy of the checkpointed model on the held-out split (1024 samples).
+    """Cross-entropy of the checkpointed model on the held-out split's first 1024 samples."""
+    return HeldOut(cfg)(checkpoint)
 
-    Why: the training loss of the last step is one batch of 64 samples, far too noisy to
-    compare runs within a few per cent; the held-out set is the same for every run.
+
+class HeldOut:
+    """The held-out split of ``cfg``'s dataset, built once; calling it evaluates a checkpoint.
+
+    Why held-out loss: the training loss of the last step is one batch of 64 samples, far too
+    noisy to compare runs within a few per cent; the held-out set is the same for every run.
     """
-    import torch
-    import torch.nn.functional as F
 
-    from workers.checkpoint import TRAINER_FILE
-    from workers.data import build_dataset, input_spec, make_loader
-    from workers.models import build_model
+    def __init__(self, cfg: TrainConfig, samples: int = 1024) -> None:
+        from workers.data import build_dataset, input_spec, make_loader
+        from workers.models import build_model
 
-    model = build_model(cfg.model, **input_spec(cfg.model, cfg.dataset, seq_len=cfg.seq_len, image_size=cfg.image_size))
-    model.load_state_dict(torch.load(checkpoint / TRAINER_FILE, map_location="cpu", weights_only=False)["model"])
-    model.eval()
-    test_set = build_dataset(cfg.dataset, model=cfg.model, split="test", seed=cfg.seed, seq_len=cfg.seq_len,
-                             image_size=cfg.image_size)
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for inputs, targets in make_loader(test_set, batch_size=256, rank=0, world_size=1, seed=cfg.seed,
-                                           shuffle=False, drop_last=False):
-            total += float(F.cross_entropy(model(inputs), targets, reduction="sum"))
-            count += int(targets.numel())
-    return total / count
+        self.cfg = cfg
+        inputs = input_spec(cfg.model, cfg.dataset, seq_len=cfg.seq_len, image_size=cfg.image_size)
+        self.model = build_model(cfg.model, **inputs)
+        self.model.eval()
+        test_set = build_dataset(cfg.dataset, model=cfg.model, split="test", seed=cfg.seed, seq_len=cfg.seq_len,
+                                 image_size=cfg.image_size)
+        # Loaded once: every checkpoint is evaluated on the very same tensors (the first
+        # ``samples`` of the split: 512 keeps 20 evaluations of a run under a minute on this
+        # shared 2-core machine).
+        batches = make_loader(test_set, batch_size=samples, rank=0, world_size=1, seed=cfg.seed,
+                              shuffle=False, drop_last=False)
+        self.batches = [next(iter(batches))]
+
+    def __call__(self, checkpoint: Path) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        from workers.checkpoint import TRAINER_FILE
+
+        self.model.load_state_dict(torch.load(checkpoint / TRAINER_FILE, map_location="cpu", weights_only=False)["model"])
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for inputs, targets in self.batches:
+                total += float(F.cross_entropy(self.model(inputs), targets, reduction="sum"))
+                count += int(targets.numel())
+        return total / count
+
+    def curve(self, root: Path) -> list[tuple[int, float]]:
+        """(step, held-out loss) of every checkpoint under ``root``, by step."""
+        from workers.checkpoint import read_meta
+
+        points = [(int(read_meta(d)["step"]), self(d)) for d in root.glob("checkpoint_*") if d.is_dir()]
+        return sorted(points)
 
 
 def _follow(tb: Testbed, procs: list[subprocess.Popen], progress: Path, phases: Sequence[Phase],
@@ -343,47 +381,15 @@ def _follow(tb: Testbed, procs: list[subprocess.Popen], progress: Path, phases: 
 # --------------------------------------------------------------------------- results of a run
 
 
-def phase_seconds(run: JobRun, phases: Sequence[Phase]) -> list[float]:
-    """Seconds each phase took: from its first step's end (phase 1: step 1) to its last's."""
-    starts = [1] + boundaries(phases)[:-1]
-    ends = boundaries(phases)
-    return [run.wall_at(end) - run.wall_at(start) for start, end in zip(starts, ends)]
-
-
 def switches(run: JobRun) -> list[dict[str, Any]]:
     """Compressor changes, timed like ``total_s`` (seconds since the report of step 1)."""
     origin = run.wall_at(1)
     out = []
     for switch in run.summary.get("switches", []):
         step = int(switch["step"])
-        at = run.wall_at(step) - origin
-        out.append({"at_s": round(at, 3), "step": step, "to": switch["to"], "reason": switch.get("reason", "")})
+        out.append({"at_s": round(run.wall_at(step) - origin, 3), "step": step, "to": switch["to"],
+                    "reason": switch.get("reason", "")})
     return out
-
-
-def step_label(report: dict[str, Any]) -> str:
-    """Telemetry's compressor as a label (``acpsgd-r4``)."""
-    name = report.get("compressor") or "?"
-    if report.get("rank"):
-        return f"{name}-r{report['rank']}"
-    if report.get("ratio"):
-        return f"{name}-{report['ratio']:g}"
-    return name
-
-
-def run_result(run: JobRun, phases: Sequence[Phase]) -> dict[str, Any]:
-    """The JSON entry of one run (design.md §3 figures plus the phase breakdown)."""
-    per_phase = phase_seconds(run, phases)
-    return {
-        "total_s": round(sum(per_phase), 3),
-        "phase_s": [round(s, 3) for s in per_phase],
-        "final_loss": run.summary["final_loss"],
-        "eval_loss": None if run.eval_loss is None else round(run.eval_loss, 5),
-        "switches": switches(run),
-        "steps": run.summary["steps"],
-        "bandwidth_mbit": bandwidth_by_phase(run, phases),
-        "foreign_cores": run.foreign_cores,
-    }
 
 
 def bandwidth_by_phase(run: JobRun, phases: Sequence[Phase]) -> list[float | None]:
@@ -399,201 +405,240 @@ def bandwidth_by_phase(run: JobRun, phases: Sequence[Phase]) -> list[float | Non
     return out
 
 
+def eval_points(run: JobRun, curve: Sequence[tuple[int, float]]) -> list[list[float]]:
+    """``[[step, wall_s, held-out loss], ...]``; wall_s from the report of step 1, like total_s."""
+    origin = run.wall_at(1)
+    return [[step, round(run.wall_at(step) - origin, 3), round(loss, 5)] for step, loss in curve]
+
+
+def time_to_target(evals: Sequence[Sequence[float]], target: float) -> float | None:
+    """Wall time of the first evaluation at or below ``target`` (None: never reached)."""
+    for _, wall, loss in evals:
+        if loss <= target:
+            return wall
+    return None
+
+
+def running_over_estimate(reports: Sequence[dict[str, Any]]) -> list[float]:
+    """Per report of a low-rank choice: its running error over its own estimate (the raw
+    gradient's best rank-r error). What error feedback and a warm start cost beyond the best case;
+    ``benchmarks/adaptive_replay.py`` takes the median as its default."""
+    out = []
+    for report in reports:
+        label, error = step_label(report), report.get("compression_error")
+        estimate = (report.get("compression_error_estimates") or {}).get(label)
+        if report.get("rank") and error is not None and estimate and estimate > 0.05:
+            out.append(round(error / estimate, 3))
+    return out
+
+
+def step_label(report: dict[str, Any]) -> str:
+    """Telemetry's compressor as a label (``acpsgd-r4``)."""
+    name = report.get("compressor") or "?"
+    if report.get("rank"):
+        return f"{name}-r{report['rank']}"
+    if report.get("ratio"):
+        return f"{name}-{report['ratio']:g}"
+    return name
+
+
+def run_result(run: JobRun, phases: Sequence[Phase], curve: Sequence[tuple[int, float]]) -> dict[str, Any]:
+    """One run's JSON entry, without the target (set once uncompressed training has run)."""
+    evals = eval_points(run, curve)
+    errors = [r["compression_error"] for r in run.reports if r.get("compression_error") is not None]
+    return {
+        "time_to_target_s": None,
+        "total_s": round(run.wall_at(sum(p.steps for p in phases)) - run.wall_at(1), 3),
+        "final_eval": evals[-1][2],
+        "eval": evals,
+        "switches": switches(run),
+        "foreign_cores": run.foreign_cores,
+        "bandwidth_mbit": bandwidth_by_phase(run, phases),
+        "compression_error_median": round(sorted(errors)[len(errors) // 2], 4) if errors else None,
+        "quality_overhead": run.summary.get("quality_overhead"),
+        "error_ratios": _median_only(running_over_estimate(run.reports)),
+        "final_loss": run.summary["final_loss"],
+    }
+
+
+def _median_only(values: list[float]) -> list[float]:
+    return [sorted(values)[len(values) // 2]] if values else []
+
+
 def is_adaptive(label: str) -> bool:
     return label.startswith(ADAPTIVE)
 
 
-def oracle(results: dict[str, dict[str, Any]]) -> tuple[float, list[str]]:
-    """Sum over phases of the fastest fixed choice in that phase, and which one it was."""
-    fixed = {label: r for label, r in results.items() if not is_adaptive(label)}
-    if not fixed:
-        return float("nan"), []
-    best = [min(fixed, key=lambda label: fixed[label]["phase_s"][i]) for i in range(len(next(iter(fixed.values()))["phase_s"]))]
-    return sum(fixed[label]["phase_s"][i] for i, label in enumerate(best)), best
+def target_of(runs: dict[str, dict[str, Any]], phases: Sequence[Phase]) -> float:
+    """The held-out loss uncompressed training reaches at 90 % of its steps in this scenario."""
+    at = round(0.9 * sum(p.steps for p in phases))
+    points = {int(step): loss for step, _, loss in runs["none"]["eval"]}
+    if at not in points:
+        raise ValueError(f"no evaluation at step {at}: evaluate every {EVAL_EVERY} steps, a divisor of it")
+    return points[at]
+
+
+def scenario_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Adaptive against the best fixed choice (by time to target) and against uncompressed."""
+    def ttt(label: str) -> float:
+        value = runs[label]["time_to_target_s"]
+        return math.inf if value is None else value
+
+    fixed = [label for label in runs if not is_adaptive(label)]
+    best = min(fixed, key=ttt)
+    out: dict[str, Any] = {"best_fixed": best, "best_fixed_time_to_target_s": runs[best]["time_to_target_s"],
+                           "ratio_to_best": {label: _ratio(ttt(label), ttt(best)) for label in runs}}
+    if ADAPTIVE in runs:
+        out["adaptive_final_eval_vs_none"] = round(runs[ADAPTIVE]["final_eval"] / runs["none"]["final_eval"] - 1, 4)
+    out["final_eval_vs_none"] = {label: round(r["final_eval"] / runs["none"]["final_eval"] - 1, 4) for label, r in runs.items()}
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return None if not (math.isfinite(a) and math.isfinite(b)) or b <= 0 else round(a / b, 3)
+
+
+def overall_verdict(doc: dict[str, Any]) -> dict[str, Any]:
+    """Each run's worst ratio to the scenario's best fixed choice (None: missed a target)."""
+    worst: dict[str, float | None] = {}
+    for scenario in doc["scenarios"].values():
+        for label, ratio in scenario["verdict"]["ratio_to_best"].items():
+            if label not in worst:
+                worst[label] = ratio
+            elif worst[label] is not None:
+                worst[label] = None if ratio is None else max(worst[label], ratio)  # type: ignore[type-var]
+    return {"worst_ratio_to_best_fixed": worst}
 
 
 # --------------------------------------------------------------------------- outputs
 
 
-def plot(runs: dict[str, JobRun], phases: Sequence[Phase], path: Path) -> None:
-    """Step time against wall time for every run, with the link rate overlaid (second axis)."""
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """Held-out loss against wall time per run, one panel per scenario, link rate shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    rate_ax = ax.twinx()
-    for label, run in runs.items():
-        origin = run.wall_at(1)
-        xs, ys = [], []
-        for before, after in zip(run.reports, run.reports[1:]):
-            steps = after["step"] - before["step"]
-            if steps > 0:
-                xs.append(after["wall_time"] - origin)
-                ys.append((after["wall_time"] - before["wall_time"]) / steps * 1e3)
-        style = ({"lw": 2.2, "color": "black", "zorder": 5} if label == ADAPTIVE else
-                 {"lw": 1.4, "color": "dimgrey", "ls": "--", "zorder": 4} if is_adaptive(label) else {"lw": 0.9, "alpha": 0.8})
-        ax.plot(xs, _smooth(ys), label=label, **style)
-        if label == ADAPTIVE:
-            _rate_steps(rate_ax, run, phases)
-            for switch in switches(run):
-                ax.axvline(switch["at_s"], color="black", ls=":", lw=0.8)
-                ax.annotate(switch["to"], (switch["at_s"], 1.0), xycoords=("data", "axes fraction"),
-                            rotation=90, va="top", ha="right", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xlabel("wall time since step 1 (s)")
-    ax.set_ylabel("step time (ms, 5-step moving average)")
-    rate_ax.set_ylabel("link rate (Mbit/s), adaptive run")
-    ax.legend(loc="upper right", fontsize=8, ncol=2)
-    ax.set_title("2 workers on an emulated link: step time of fixed compressors vs adaptive")
+    names = list(doc["scenarios"])
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 4.2 * len(names)), squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        scenario = doc["scenarios"][name]
+        rate_ax = ax.twinx()
+        shade = scenario["runs"].get(ADAPTIVE) or scenario["runs"]["none"]
+        xs, ys = [0.0], [scenario["schedule"][0]["mbit"]]
+        for wall, mbit in shade.get("rate_changes_s", []):
+            xs += [wall, wall]
+            ys += [ys[-1], mbit]
+        xs.append(shade["total_s"])
+        ys.append(ys[-1])
+        rate_ax.fill_between(xs, ys, color="tab:blue", alpha=0.08)
+        rate_ax.set_ylim(0, max(p["mbit"] for p in scenario["schedule"]) * 1.15)
+        rate_ax.set_ylabel("link rate (Mbit/s), adaptive run")
+        for label, run in scenario["runs"].items():
+            style = {"lw": 2.4, "color": "black", "zorder": 5} if label == ADAPTIVE else {"lw": 1.0, "alpha": 0.85}
+            ax.plot([e[1] for e in run["eval"]], [e[2] for e in run["eval"]], label=label, **style)
+        ax.axhline(scenario["target"], color="red", ls=":", lw=1, label="target")
+        ax.set_title(f"{name}: held-out loss vs wall time (2 workers, emulated link)")
+        ax.set_xlabel("wall time since step 1 (s)")
+        ax.set_ylabel("held-out loss")
+        ax.legend(loc="upper right", fontsize=8, ncol=3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def _smooth(values: list[float], width: int = 5) -> list[float]:
-    return [sum(values[max(0, i - width + 1):i + 1]) / len(values[max(0, i - width + 1):i + 1]) for i in range(len(values))]
-
-
-def _rate_steps(rate_ax: Any, run: JobRun, phases: Sequence[Phase]) -> None:
-    """The rate as set during ``run`` (a step function), shaded behind the step times."""
-    origin = run.wall_at(1)
-    xs, ys = [0.0], [phases[0].mbit]
-    for _, wall, mbit in run.rate_changes:
-        xs += [wall - origin, wall - origin]
-        ys += [ys[-1], mbit]
-    xs.append(run.reports[-1]["wall_time"] - origin)
-    ys.append(ys[-1])
-    rate_ax.fill_between(xs, ys, color="tab:blue", alpha=0.08, step=None)
-    rate_ax.plot(xs, ys, color="tab:blue", lw=1, alpha=0.5)
-    rate_ax.set_ylim(0, max(p.mbit for p in phases) * 1.15)
-
-
-def markdown(doc: dict[str, Any], best_per_phase: list[str]) -> str:
-    """A table for the README: one row per run, one column per phase."""
-    heads = [f"{p['mbit']:g} Mbit/s × {p['steps']} steps" for p in doc["schedule"]]
-    lines = ["| run | total s | " + " | ".join(heads) + " | final loss | held-out loss | switches |",
-             "|---|---:|" + "---:|" * len(heads) + "---:|---:|---|"]
-    for label, r in {**doc["runs"], **doc.get("extra_runs", {})}.items():
-        moves = ", ".join(f"{s['to']} @ {s['at_s']:.1f} s" for s in r["switches"]) or "-"
-        lines.append(f"| {label} | {r['total_s']:.2f} | " + " | ".join(f"{s:.2f}" for s in r["phase_s"])
-                     + f" | {r['final_loss']:.4f} | {r['eval_loss']:.4f} | {moves} |")
-    lines.append(f"| oracle | {doc['oracle_total_s']:.2f} | " + " | ".join(best_per_phase) + " | | | |")
-    return "\n".join(lines) + "\n"
-
-
-def verdict(doc: dict[str, Any]) -> dict[str, Any]:
-    """The acceptance figures of each adaptive run: vs oracle, vs the best fixed choice, loss vs none."""
-    runs = {**doc["runs"], **doc.get("extra_runs", {})}
-    fixed = {k: v for k, v in runs.items() if not is_adaptive(k)}
-    if not fixed:
-        return {}
-    best_fixed = min(fixed, key=lambda k: fixed[k]["total_s"])
-    out: dict[str, Any] = {"best_fixed": best_fixed}
-    for label in filter(is_adaptive, runs):
-        figures = {"over_oracle": round(runs[label]["total_s"] / doc["oracle_total_s"], 3),
-                   "over_best_fixed": round(runs[label]["total_s"] / fixed[best_fixed]["total_s"], 3)}
-        if "none" in runs:
-            for key in ("final_loss", "eval_loss"):
-                figures[f"{key}_vs_none"] = round(runs[label][key] / runs["none"][key] - 1, 4)
-        out[label] = figures
-    return out
+def markdown(doc: dict[str, Any]) -> str:
+    """One table per scenario, then each run's worst ratio across scenarios."""
+    out = []
+    for name, scenario in doc["scenarios"].items():
+        v = scenario["verdict"]
+        out += [(f"**{name}** (`{scenario['schedule_text']}`; target held-out loss {scenario['target']:.4f}, "
+                 f"best fixed: {v['best_fixed']})"), "",
+                "| run | time to target s | ratio to best fixed | total s | final held-out | vs none | foreign cores | switches |",
+                "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for label, r in scenario["runs"].items():
+            ttt = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
+            ratio = v["ratio_to_best"][label]
+            moves = ", ".join(f"{s['to']} @ {s['at_s']:.1f} s" for s in r["switches"]) or "-"
+            out.append(f"| {label} | {ttt} | {'-' if ratio is None else f'{ratio:.3f}'} | {r['total_s']:.2f} | "
+                       f"{r['final_eval']:.4f} | {v['final_eval_vs_none'][label]:+.1%} | {r['foreign_cores']} | {moves} |")
+        out.append("")
+    worst = doc["verdict"]["worst_ratio_to_best_fixed"]
+    out += ["**Worst ratio to the best fixed choice across scenarios** (- : missed a target)", "",
+            "| run | worst ratio |", "|---|---:|"]
+    out += [f"| {label} | {'-' if r is None else f'{r:.3f}'} |" for label, r in worst.items()]
+    return "\n".join(out) + "\n"
 
 
 # --------------------------------------------------------------------------- main
 
 
 def compression_of(choice: str, args: argparse.Namespace) -> dict[str, Any]:
-    """``adaptive`` with the quality bounds of ``args``, ``adaptive-defaults`` with the policy's
-    own defaults, or a fixed label's block."""
+    """``adaptive``: the policy with its DEFAULT bounds (every compressor, ranks 1..64) and the
+    benchmark's scaled dwell; else a fixed label's block."""
     if choice == ADAPTIVE:
-        block: dict[str, Any] = {"mode": "adaptive", "compressor": args.start,
-                                 "min_rank": args.min_rank, "max_rank": args.max_rank,
-                                 "min_dwell_s": args.min_dwell_s, "gain_threshold": args.gain_threshold}
-        return block | ({"allowed": list(args.allowed)} if args.allowed else {})
-    if choice == ADAPTIVE_DEFAULTS:
         return {"mode": "adaptive", "compressor": args.start, "min_dwell_s": args.min_dwell_s}
     return fixed_compression(choice)
 
 
-def run_all(args: argparse.Namespace) -> dict[str, list[JobRun]]:
-    """Every choice ``repeats`` times, round-robin on one testbed, each run under the lock.
-
-    Round-robin, so a burst of load from other users of the machine slows one run of
-    several choices rather than every run of one choice.
-    """
-    phases = parse_schedule(args.schedule)
-    steps = sum(p.steps for p in phases)
-    runs: dict[str, list[JobRun]] = {choice: [] for choice in args.choices}
-    with Testbed(hosts=2, mbit=phases[0].mbit) as tb, tempfile.TemporaryDirectory(prefix="gw-adaptive-") as tmp:
-        for repeat in range(args.repeats):
-            for choice in args.choices:
-                cfg = train_config(args, compression_of(choice, args), steps)
-                workdir = Path(args.keep or tmp) / f"{choice}-{repeat}"
-                load: dict[str, float] = {}
-                with bench_lock():
-                    wait_for_quiet(args.max_wait_quiet_s)
-                    with foreign_load(load):
-                        run = run_job(tb, cfg, phases, workdir, label=choice)
-                run.foreign_cores = load.get("foreign_cores")
-                runs[choice].append(run)
-                result = run_result(run, phases)
-                print(f"[adaptive] {repeat + 1}/{args.repeats} {choice}: total {result['total_s']:.2f} s, "
-                      f"phases {result['phase_s']}, loss {result['final_loss']:.4f}, "
-                      f"bandwidth seen {result['bandwidth_mbit']} Mbit/s, "
-                      f"switches {[(s['to'], s['at_s']) for s in result['switches']]}, "
-                      f"foreign load {run.foreign_cores} cores", flush=True)
-    return runs
+def run_choice(tb: Testbed, args: argparse.Namespace, choice: str, phases: Sequence[Phase], workdir: Path,
+               held_out: HeldOut) -> tuple[JobRun, list[tuple[int, float]], list[float]]:
+    """One run under the lock, repeated once if other users kept the machine busy; the run
+    with the least foreign load is kept. Returns it, its held-out curve and every load seen."""
+    loads: list[float] = []
+    kept: tuple[JobRun, Path] | None = None
+    for attempt in range(1 + args.busy_repeats):
+        cfg = train_config(args, compression_of(choice, args), sum(p.steps for p in phases), checkpoint_every=EVAL_EVERY)
+        load: dict[str, float] = {}
+        workdir_attempt = workdir / f"{choice}-{attempt}"
+        with bench_lock():
+            wait_for_quiet(args.max_wait_quiet_s)
+            with foreign_load(load):
+                run = run_job(tb, cfg, phases, workdir_attempt, label=choice, evaluate=False)
+        run.foreign_cores = load.get("foreign_cores")
+        loads.append(run.foreign_cores or 0.0)
+        if kept is None or (run.foreign_cores or 0.0) < (kept[0].foreign_cores or 0.0):
+            kept = (run, workdir_attempt)
+        if (run.foreign_cores or 0.0) <= BUSY_CORES or attempt == args.busy_repeats:
+            break
+        print(f"[adaptive] {choice}: foreign load {run.foreign_cores} cores > {BUSY_CORES}: repeating", flush=True)
+    assert kept is not None
+    return kept[0], held_out.curve(kept[1] / "checkpoints"), loads
 
 
-def summarise(runs: list[JobRun], phases: Sequence[Phase]) -> tuple[dict[str, Any], JobRun]:
-    """One choice over its repeats: the best time of each phase (interference only ever adds
-    time, as with ``timeit``); loss, switches and the plot from the run of median total."""
-    results = [run_result(run, phases) for run in runs]
-    per_phase = [min(r["phase_s"][i] for r in results) for i in range(len(phases))]
-    typical = sorted(range(len(runs)), key=lambda i: results[i]["total_s"])[(len(runs) - 1) // 2]
-    out = dict(results[typical])
-    out["phase_s"] = [round(s, 3) for s in per_phase]
-    out["total_s"] = round(sum(per_phase), 3)
-    out["repeat_total_s"] = [r["total_s"] for r in results]
-    return out, runs[typical]
-
-
-def report(args: argparse.Namespace, runs: dict[str, list[JobRun]]) -> tuple[dict[str, Any], dict[str, JobRun], list[str]]:
-    """The JSON document of the module docstring, plus the runs to plot and the oracle's picks."""
-    phases = parse_schedule(args.schedule)
-    results: dict[str, dict[str, Any]] = {}
-    typical: dict[str, JobRun] = {}
-    for choice, repeats in runs.items():
-        results[choice], typical[choice] = summarise(repeats, phases)
-    reference = typical.get(ADAPTIVE) or next(iter(typical.values()))
-    seconds = phase_seconds(reference, phases)
-    doc: dict[str, Any] = {
-        "schedule": [{"mbit": p.mbit, "seconds": round(s, 3), "steps": p.steps} for p, s in zip(phases, seconds)],
-        "runs": {k: v for k, v in results.items() if k == ADAPTIVE or not is_adaptive(k)},
-        "extra_runs": {k: v for k, v in results.items() if is_adaptive(k) and k != ADAPTIVE},
-    }
-    total, best = oracle(results)
-    doc["oracle_total_s"] = round(total, 3)
-    doc["oracle_choices"] = best
-    doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "seq_len": args.seq_len, "lr": args.lr,
-                  "bucket_cap_mb": args.bucket_cap_mb, "workers": 2, "probe_interval_s": args.probe_interval_s,
-                  "probe_budget": args.probe_budget,
-                  "sync_every": args.sync_every, "report_interval_s": args.report_interval_s, "repeats": args.repeats,
-                  ADAPTIVE: compression_of(ADAPTIVE, args), ADAPTIVE_DEFAULTS: compression_of(ADAPTIVE_DEFAULTS, args)}
-    doc["verdict"] = verdict(doc)
-    return doc, typical, best
+def run_scenario(tb: Testbed, args: argparse.Namespace, name: str, workdir: Path) -> dict[str, Any]:
+    """Every choice once (same seeds), ``none`` first: its curve sets the target."""
+    phases = parse_schedule(args.scenarios[name])
+    held_out = HeldOut(train_config(args, fixed_compression("none"), sum(p.steps for p in phases)), HELD_OUT_SAMPLES)
+    runs: dict[str, dict[str, Any]] = {}
+    for choice in ["none", *[c for c in args.choices if c != "none"]]:
+        run, curve, loads = run_choice(tb, args, choice, phases, workdir / name, held_out)
+        result = run_result(run, phases, curve)
+        result["foreign_cores_runs"] = loads
+        origin = run.wall_at(1)
+        result["rate_changes_s"] = [[round(wall - origin, 3), mbit] for _, wall, mbit in run.rate_changes]
+        runs[choice] = result
+        print(f"[adaptive] {name} {choice}: total {result['total_s']:.2f} s, final held-out {result['final_eval']:.4f}, "
+              f"switches {[(s['to'], s['at_s']) for s in result['switches']]}, foreign load {loads} cores, "
+              f"quality overhead {result['quality_overhead']}", flush=True)
+    target = target_of(runs, phases)
+    for result in runs.values():
+        result["time_to_target_s"] = time_to_target(result["eval"], target)
+    scenario = {"schedule_text": args.scenarios[name], "schedule": [{"mbit": p.mbit, "steps": p.steps} for p in phases],
+                "target": target, "runs": runs}
+    scenario["verdict"] = scenario_verdict(runs)
+    return scenario
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--schedule", help=f"MBIT:STEPS,... (default {DEFAULT_SCHEDULE}; --quick {QUICK_SCHEDULE})")
-    parser.add_argument("--quick", action="store_true", help="shorter phases, 2 repeats: within ~10 minutes")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per choice (default 2; --quick 1)")
-    parser.add_argument("--choices", nargs="+", default=[*FIXED_CHOICES, ADAPTIVE, ADAPTIVE_DEFAULTS],
-                        help=f"fixed labels, {ADAPTIVE} (bounds below) and {ADAPTIVE_DEFAULTS}")
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_SCENARIOS)}: within 15 minutes")
+    parser.add_argument("--scenario", action="append", default=None, metavar="NAME[=MBIT:STEPS,...]",
+                        help=f"scenarios to run (default all: {', '.join(SCENARIOS)})")
+    parser.add_argument("--choices", nargs="+", default=[*FIXED_CHOICES, ADAPTIVE],
+                        help=f"fixed labels and {ADAPTIVE} (the policy with default bounds)")
     parser.add_argument("--model", default="cnn")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=None)
@@ -606,28 +651,42 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--report-interval-s", type=float, default=0.1,
                         help="telemetry cadence (the policy decides on each report); rates change on reports")
     parser.add_argument("--probe-interval-s", type=float, default=2.0,
-                        help="probes come at most this often, and within the 2 %% budget")
+                        help="probes (and error estimates) come at most this often, within the budget")
     parser.add_argument("--probe-budget", type=float, default=0.05,
-                        help="share of run time probes may take; scaled up like the dwell, as phases here "
-                             "last seconds, not minutes (the job default is 0.02)")
+                        help="share of run time probes may take (estimates: half of it); scaled up like the "
+                             "dwell, as phases here last seconds, not minutes (the job default is 0.02)")
     parser.add_argument("--start", default="none", help="the adaptive run's first compressor")
-    parser.add_argument("--allowed", nargs="+", default=None, help="compressors the policy may pick (default all)")
-    parser.add_argument("--min-rank", type=int, default=16, help="adaptive's quality bound (the CNN keeps its "
-                        "loss at rank 16, not at 4)")
-    parser.add_argument("--max-rank", type=int, default=16)
     parser.add_argument("--min-dwell-s", type=float, default=2.0,
                         help="the policy's minimum dwell, scaled to the schedule's seconds-long phases "
                              "(the job default, 30 s, suits links that change over minutes)")
-    parser.add_argument("--gain-threshold", type=float, default=0.10)
+    parser.add_argument("--busy-repeats", type=int, default=1,
+                        help=f"repeat a run this often while it saw more than {BUSY_CORES} foreign cores")
     parser.add_argument("--max-wait-quiet-s", type=float, default=20.0,
                         help="before each run, wait up to this long for other work to leave the CPUs")
     parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None, help="PNG (default: next to --json-out)")
-    parser.add_argument("--md-out", type=Path, default=None, help="markdown table (default: next to --json-out)")
-    parser.add_argument("--keep", type=Path, default=None, help="keep every run's telemetry and logs here")
+    parser.add_argument("--md-out", type=Path, default=None, help="markdown tables (default: next to --json-out)")
+    parser.add_argument("--include", type=Path, action="append", default=None,
+                        help="add the scenarios of an earlier result JSON that this run does not measure")
+    parser.add_argument("--merge-only", action="store_true",
+                        help="measure nothing: write the --include files' scenarios as one result")
+    parser.add_argument("--keep", type=Path, default=None, help="keep every run's telemetry, checkpoints and logs here")
     args = parser.parse_args(argv)
-    args.schedule = args.schedule or (QUICK_SCHEDULE if args.quick else DEFAULT_SCHEDULE)
-    args.repeats = args.repeats or (1 if args.quick else 2)
+    chosen: dict[str, str] = {}
+    for item in args.scenario or (QUICK_SCENARIOS if args.quick else SCENARIOS):
+        name, _, schedule = item.partition("=")
+        if not schedule and name not in SCENARIOS:
+            parser.error(f"--scenario: unknown {name!r}; known: {', '.join(SCENARIOS)}, or NAME=MBIT:STEPS,...")
+        chosen[name] = schedule or SCENARIOS[name]
+        try:
+            total = sum(p.steps for p in parse_schedule(chosen[name]))
+        except ValueError as exc:
+            parser.error(f"--scenario {name}: {exc}")
+        if round(0.9 * total) % EVAL_EVERY or total % EVAL_EVERY:
+            parser.error(f"--scenario {name}: {total} steps; the total and 90 % of it must be multiples of {EVAL_EVERY}")
+    args.scenarios = chosen
+    if args.merge_only and not args.include:
+        parser.error("--merge-only: name the results to merge with --include")
     return args
 
 
@@ -674,18 +733,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["_rank"]:
         return rank_entry(argv[1:])
     args = parse_args(argv)
-    ok, why = Testbed.available()
-    if not ok:
-        print(f"testbed unavailable: {why}", file=sys.stderr)
-        return 2
     started = time.monotonic()
-    doc, typical, best = report(args, run_all(args))
-    table = markdown(doc, best)
+    doc: dict[str, Any] = {"scenarios": {}}
+    if args.merge_only:
+        args.scenarios = {}
+    else:
+        ok, why = Testbed.available()
+        if not ok:
+            print(f"testbed unavailable: {why}", file=sys.stderr)
+            return 2
+        first_rate = parse_schedule(next(iter(args.scenarios.values())))[0].mbit
+        with Testbed(hosts=2, mbit=first_rate) as tb, tempfile.TemporaryDirectory(prefix="gw-adaptive-") as tmp:
+            for name in args.scenarios:
+                doc["scenarios"][name] = run_scenario(tb, args, name, Path(args.keep or tmp))
+    for path in args.include or []:  # scenarios measured by another run of this command
+        for name, scenario in json.loads(path.read_text())["scenarios"].items():
+            doc["scenarios"].setdefault(name, {**scenario, "from": str(path)})
+    doc["verdict"] = overall_verdict(doc)
+    doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr,
+                  "bucket_cap_mb": args.bucket_cap_mb, "workers": 2, "seed": args.seed, "eval_every": EVAL_EVERY,
+                  "probe_interval_s": args.probe_interval_s, "probe_budget": args.probe_budget,
+                  "sync_every": args.sync_every, "report_interval_s": args.report_interval_s,
+                  "cluster": "local processes in network namespaces (benchmarks.testbed), not a Ray cluster",
+                  ADAPTIVE: compression_of(ADAPTIVE, args), "cpu_cores": os.cpu_count(),
+                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "wall_s": round(time.monotonic() - started)}
+    if args.merge_only:
+        doc["job"] = {**json.loads(args.include[0].read_text())["job"], "merged_from": [str(p) for p in args.include]}
+    table = markdown(doc)
     print(table)
     print(json.dumps(doc["verdict"], indent=2))
     plot_path = write_results(args, doc, table)
     if plot_path:
-        plot(typical, parse_schedule(args.schedule), plot_path)
+        plot(doc, plot_path)
     print(f"[adaptive] done in {time.monotonic() - started:.0f} s")
     return 0
 

@@ -22,11 +22,19 @@ Algorithm of :func:`decide`:
    a rank to raise) are excluded; none/fp16/bf16 stay allowed. If nothing allowed passes the
    critical guard, the ordinary guard applies.
 4. **Predict** every candidate that passes the guard, and the current choice, with
-   :func:`compressors.costmodel.predict_step` at the smoothed link; the fastest candidate
-   wins (ties go to the less lossy one).
+   :func:`compressors.costmodel.predict_step` at the smoothed link, and weigh it by its
+   measured compression error (``Measurements.errors``, from ``compressors.quality``):
+   the objective is progress per second, ``δ(ε) / step_s`` (:mod:`compressors.progress`),
+   i.e. the candidate with the least *time per unit of progress* ``τ = step_s / δ`` wins
+   (ties go to the less lossy one). Estimates are calibrated by what the running
+   compressor really loses (``Measurements.running_error``, averaged per label in the state;
+   :func:`compressors.progress.calibrated_errors`). A lossy candidate with no error is not
+   chosen while other candidates have one; with no errors at all, ``τ`` is the step time
+   (the policy of before the quality signal).
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
-   Otherwise switch only when the predicted gain ``(t_current − t_best) / t_current`` exceeds
-   ``gain_threshold`` and at least ``min_dwell_s`` passed since the last switch.
+   Otherwise switch only when the predicted gain ``(τ_current − τ_best) / τ_current`` (the
+   share of time to accuracy saved) exceeds ``gain_threshold`` and at least ``min_dwell_s``
+   passed since the last switch.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Iterable, Mapping, Union
 
 from compressors.costmodel import (
     DEFAULT_TOPK_RATIOS,
@@ -45,6 +53,7 @@ from compressors.costmodel import (
     candidates,
     predict_step,
 )
+from compressors.progress import Measured, calibrated_errors, error_of, record_running, seconds_per_progress
 from compressors.spec import COMPRESSOR_NAMES, LOW_RANK, CompressorSpec
 
 #: Compressors that lose information and have no rank to raise in a critical regime.
@@ -120,6 +129,11 @@ class Measurements:
     grad_norm: float | None = None
     step: int | None = None
     wake_s: float = 0.0
+    #: Relative compression error by candidate label (``compressors.quality.estimate_errors``);
+    #: None: unknown, judge by step time alone.
+    errors: Mapping[str, float] | None = None
+    #: (label, error) of the compressor that ran the reported step (``ErrorMeter``).
+    running_error: tuple[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +148,8 @@ class PolicyState:
     critical_until: float | None = None
     last_switch_at: float | None = None
     switches: int = 0
+    #: Averaged running error of every label that has run (``compressors.progress``).
+    measured: Measured = ()
 
 
 @dataclass(frozen=True)
@@ -146,8 +162,9 @@ class Keep:
 
 @dataclass(frozen=True)
 class Switch:
-    """Change to ``spec``; ``gain`` is the predicted fraction of step time saved (may be < 0
-    when the quality guard forces a slower choice)."""
+    """Change to ``spec``; ``gain`` is the predicted fraction of time per progress saved (of
+    step time when no errors are measured; may be < 0 when the quality guard forces a
+    slower choice)."""
 
     spec: CompressorSpec
     gain: float
@@ -265,12 +282,39 @@ def _rate(bytes_per_second: float) -> str:
     return f"{bits:.3g} b/s"
 
 
-def _fastest(
-    options: Iterable[CompressorSpec], m: Measurements, link: Link
-) -> tuple[CompressorSpec, StepPrediction]:
-    """The fastest option; ``min`` keeps the first (least lossy) of equal ones."""
-    scored = [(spec, predict_step(spec, m.profile, m.world_size, link)) for spec in options]
-    return min(scored, key=lambda pair: pair[1].step_s)
+@dataclass(frozen=True)
+class _Scored:
+    """A candidate's predicted step and its time per unit of progress (step 4)."""
+
+    spec: CompressorSpec
+    step: StepPrediction
+    error: float | None
+    tau: float  # seconds per uncompressed-step-equivalent of progress
+
+    @property
+    def label(self) -> str:
+        return self.step.label
+
+    def describe(self, verb: str = "") -> str:
+        lost = "" if self.error is None else f", error {self.error:.3g}"
+        return f"{self.label} {verb}{self.step.step_s:.4g} s/step{lost}"
+
+
+def _score(spec: CompressorSpec, m: Measurements, link: Link) -> _Scored:
+    step = predict_step(spec, m.profile, m.world_size, link)
+    if m.errors is None:
+        return _Scored(spec, step, None, step.step_s)
+    error = error_of(spec.label, spec.name, m.errors)
+    tau = math.inf if error is None else seconds_per_progress(step.step_s, error)
+    return _Scored(spec, step, error, tau)
+
+
+def _best(options: Iterable[CompressorSpec], m: Measurements, link: Link) -> _Scored | None:
+    """The option with the least time per progress; ``min`` keeps the first (least lossy) of
+    equal ones. None when no option can be judged (every one lossy and unmeasured)."""
+    scored = [_score(spec, m, link) for spec in options]
+    judged = [s for s in scored if math.isfinite(s.tau)]
+    return min(judged, key=lambda s: s.tau) if judged else None
 
 
 def _alpha(all_reduce_latency_s: float, world_size: int) -> float:
@@ -284,6 +328,9 @@ def decide(
     """Keep the current compressor or switch; returns the decision and the next state."""
     state = _smooth_link(state, m, cfg, now)
     critical_why, state = _critical_regime(state, m, cfg, now)
+    if m.running_error is not None:
+        state = dataclasses.replace(state, measured=record_running(state.measured, *m.running_error))
+    m = dataclasses.replace(m, errors=calibrated_errors(m.errors, state.measured))
     assert state.bandwidth_ewma is not None and state.latency_ewma is not None
     link = alpha_beta_from_bandwidth(state.bandwidth_ewma, _alpha(state.latency_ewma, m.world_size))._replace(
         wake_s=m.wake_s)
@@ -291,48 +338,53 @@ def decide(
     pool = [_adopt(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)
     passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
-    current = predict_step(m.current, m.profile, m.world_size, link)
-    if not passing:
-        return Keep("no candidate passes the quality guard", current.step_s), state
-    best_spec, best = _fastest(passing, m, link)
+    current = _score(m.current, m, link)
+    best = _best(passing, m, link) if passing else None
+    if best is None:
+        why = "no candidate passes the quality guard" if not passing else "no passing candidate has a measured error yet"
+        return Keep(why, current.step.step_s), state
     context = f"at {_rate(state.bandwidth_ewma)}, {m.world_size} workers"
     if critical:
         context += f"; critical regime: {critical_why}"
     elif critical_why is not None:
         context += f"; critical regime ({critical_why}) ignored: no allowed option passes its guard"
+    objective = "fastest" if m.errors is None else "most progress per second"
 
     failure = guard_failure(m.current, cfg, critical)
     if failure is not None:
-        reason = f"quality guard: {failure}; {best.label} is the fastest that passes ({context})"
-        return _switch(best_spec, current, best, reason, state, now)
-    if _same_choice(best_spec, m.current):
-        return Keep(f"{current.label} is predicted fastest ({current.step_s:.4g} s/step, {context})", current.step_s), state
+        reason = f"quality guard: {failure}; {best.describe()} is the {objective} that passes ({context})"
+        return _switch(best.spec, current, best, reason, state, now)
+    if _same_choice(best.spec, m.current):
+        return Keep(f"{current.describe()} is predicted {objective} ({context})", current.step.step_s), state
 
     gain = _gain(current, best)
-    comparison = (
-        f"{best.label} predicted {best.step_s:.4g} s/step vs {current.label} "
-        f"{current.step_s:.4g} s/step ({gain:.1%} faster, {context})"
-    )
+    saving = "faster" if m.errors is None else "less time per progress"
+    comparison = f"{best.describe('predicted ')} vs {current.describe()} ({gain:.1%} {saving}, {context})"
     if gain <= cfg.gain_threshold:
-        return Keep(f"{comparison}; below the {cfg.gain_threshold:.0%} threshold", current.step_s), state
+        return Keep(f"{comparison}; below the {cfg.gain_threshold:.0%} threshold", current.step.step_s), state
     if state.last_switch_at is not None and now - state.last_switch_at < cfg.min_dwell_s:
         waited = now - state.last_switch_at
-        return Keep(f"{comparison}; last switch {waited:.0f} s ago (min dwell {cfg.min_dwell_s:.0f} s)", current.step_s), state
-    return _switch(best_spec, current, best, comparison, state, now)
+        return Keep(f"{comparison}; last switch {waited:.0f} s ago (min dwell {cfg.min_dwell_s:.0f} s)",
+                    current.step.step_s), state
+    return _switch(best.spec, current, best, comparison, state, now)
 
 
-def _gain(current: StepPrediction, best: StepPrediction) -> float:
-    """Fraction of the current step time that ``best`` is predicted to save."""
-    return (current.step_s - best.step_s) / current.step_s if current.step_s > 0 else 0.0
+def _gain(current: _Scored, best: _Scored) -> float:
+    """Fraction of the current time per progress that ``best`` is predicted to save (with no
+    errors measured, of the current step time)."""
+    if not math.isfinite(current.tau):
+        return 1.0
+    return (current.tau - best.tau) / current.tau if current.tau > 0 else 0.0
 
 
 def _switch(
     spec: CompressorSpec,
-    current: StepPrediction,
-    best: StepPrediction,
+    current: _Scored,
+    best: _Scored,
     reason: str,
     state: PolicyState,
     now: float,
 ) -> tuple[Switch, PolicyState]:
-    decision = Switch(spec=spec, gain=_gain(current, best), current_step_s=current.step_s, new_step_s=best.step_s, reason=reason)
+    decision = Switch(spec=spec, gain=_gain(current, best), current_step_s=current.step.step_s,
+                      new_step_s=best.step.step_s, reason=reason)
     return decision, dataclasses.replace(state, last_switch_at=now, switches=state.switches + 1)

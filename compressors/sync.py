@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from compressors.base import AllReduce, BucketJob, Collective, Compressor, GradSlot, from_spec
+from compressors.quality import ErrorMeter
 from compressors.spec import ROUNDS_PER_STEP, spec_from_dict, spec_to_dict
 
 #: Most dependent collective rounds a compressor may use per bucket and step (PowerSGD: 2).
@@ -126,6 +127,8 @@ class GradientSync:
         self._later_rounds: list[_OrderedRound] = []
         #: Called with each finished StepRecord (from whichever thread finished it).
         self.on_step: Callable[[StepRecord], None] | None = None
+        #: Set to measure the running compressor's relative error every step (issue 14).
+        self.error_meter: ErrorMeter | None = None
 
     # -- public API ------------------------------------------------------------------
     @property
@@ -237,6 +240,8 @@ class GradientSync:
                 carried = self._carry.pop(slot.key, None)
                 if carried is not None:
                     slot.grad.add_(carried.view_as(slot.grad))
+            if self.error_meter is not None:  # before encoding: ‖g + e_old‖ (compressors.quality)
+                self.error_meter.bucket(slots, self._compressor)
             world_size = dist.get_world_size(self.process_group)
             job = self._compressor.process(buffer, slots, world_size)
         except BaseException as exc:  # noqa: BLE001 - reported through the future, never swallowed
@@ -371,6 +376,8 @@ class GradientSync:
                 record.done_at = time.perf_counter()
                 self._stats = replace(self._stats, steps=self._stats.steps + 1)
         if step_done:
+            if self.error_meter is not None:  # after the last bucket: ‖e_new‖ (compressors.quality)
+                self.error_meter.step_done(self._compressor)
             self._last = record
             if self.on_step is not None:
                 self.on_step(record)

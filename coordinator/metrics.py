@@ -82,6 +82,14 @@ class CoordinatorMetrics:
         self.compressor_info = Gauge(
             "gradwire_compressor_info", "1 for the compressor (and rank) a job uses now",
             ["job", "compressor", "rank"], registry=r)
+        self.compression_error = Gauge(
+            "gradwire_compression_error", "Relative compression error ||x - C(x)|| / ||x|| of the "
+            "running compressor in its latest reported step (x: gradient plus error feedback)",
+            ["job", "compressor"], registry=r)
+        self.compression_error_estimate = Gauge(
+            "gradwire_compression_error_estimate", "Each candidate's estimated relative compression "
+            "error on a sample of the job's gradients (the adaptive policy's quality input)",
+            ["job", "compressor"], registry=r)
         self.policy_switches = Counter(
             "gradwire_policy_switches_total", "Compressor switches decided for a job", ["job"], registry=r)
         r.register(_JobsByState(job_counts))
@@ -123,6 +131,10 @@ class CoordinatorMetrics:
             ratio = _compression_ratio(t, shapes)
             if ratio is not None:
                 self._labels(self.compression_ratio, job_id, compressor).set(ratio)  # type: ignore[attr-defined]
+            if t.compression_error is not None:
+                self._labels(self.compression_error, job_id, _label(t)).set(t.compression_error)  # type: ignore[attr-defined]
+            for candidate, error in t.compression_error_estimates.items():
+                self._labels(self.compression_error_estimate, job_id, candidate).set(error)  # type: ignore[attr-defined]
             if t.compressor:
                 self._set_info(job_id, compressor, "" if t.rank is None else str(t.rank))
 
@@ -158,6 +170,17 @@ class CoordinatorMetrics:
                         pass
                 self._info.pop(job_id, None)
                 del self._finished[job_id]
+
+
+def _label(t: Telemetry) -> str:
+    """The running compressor as a label (``acpsgd-r4``, ``topk-0.01``), as candidates are named."""
+    if not t.compressor:
+        return "unknown"
+    params = {k: v for k, v in (("rank", t.rank), ("ratio", t.ratio)) if v is not None}
+    try:
+        return make_spec(t.compressor, **params).label
+    except ValueError:
+        return t.compressor
 
 
 def _step_seconds(t: Telemetry) -> float | None:

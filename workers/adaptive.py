@@ -68,7 +68,17 @@ def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | N
         current=current,
         grad_norm=telemetry.grad_norm,
         step=telemetry.step,
+        errors=dict(telemetry.compression_error_estimates) or None,
+        running_error=_running_error(telemetry),
     )
+
+
+def _running_error(telemetry: Telemetry) -> tuple[str, float] | None:
+    """(label, error) of the compressor that ran the reported step, if the report has both."""
+    if telemetry.compression_error is None or not telemetry.compressor:
+        return None
+    params = {k: v for k, v in (("rank", telemetry.rank), ("ratio", telemetry.ratio)) if v is not None}
+    return make_spec(telemetry.compressor, **params).label, telemetry.compression_error
 
 
 def decision_for(spec: CompressorSpec, version: int, reason: str, gain: float | None = None) -> Decision:

@@ -61,6 +61,7 @@ from workers.probe import (
     sized_probe,
 )
 from workers.protocol import Decision, ModelProfile, Telemetry, TrainConfig
+from workers.quality import QualitySignal
 from workers.timing import StepTimer, codec_clock
 from workers.usercode import Workload, build_workload
 
@@ -251,6 +252,8 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     summary = _summary(cfg, env, sync, timer, total_steps, loss_value, switches, workload, device)
     summary["checkpoint_every"] = checkpoint_every
     summary["start_step"] = start_step
+    if reporter.quality is not None:  # the quality signal's cost (issue 14)
+        summary["quality_overhead"] = reporter.quality.overhead()
     if isinstance(source, InProcessPolicy):  # no coordinator: show that the policy ran, and why it chose
         summary["policy_decisions"], summary["policy_reason"] = source.evaluations, source.last_reason
     _save(env, cfg, total_steps, model, optimizer, scheduler, sync, agreement, record, summary, final=True)
@@ -350,6 +353,8 @@ class _Reporter:
         self.calibration: dict[str, float] = {}
         self.per_element: dict[str, float] = {}
         self._last_bytes = 0
+        #: Rank 0 measures the compression error (issue 14); other ranks do not report.
+        self.quality = QualitySignal(cfg, sync) if env.rank == 0 else None
 
     def link(self, estimate: LinkEstimate) -> None:
         self.estimate = estimate
@@ -399,6 +404,8 @@ class _Reporter:
         last = self.sync.last_step()
         if self.env.rank != 0:
             return
+        if self.quality is not None:
+            self.quality.after_step()
         if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
             kind = "all_reduce" if self.sync.compressor.spec.collective == "all_reduce" else "all_gather"
             self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
@@ -438,6 +445,8 @@ class _Reporter:
             link_wake_seconds=self.estimate.wake_s if self.estimate.has_link else None,
             compute_jitter_seconds=timer.compute_jitter_s(),
             grad_norm=float(grad_norm),
+            compression_error=self.quality.running_error if self.quality else None,
+            compression_error_estimates=self.quality.estimates if self.quality else {},
             compressor=spec.name,
             rank=spec.rank,
             ratio=spec.ratio,

@@ -353,6 +353,12 @@ class Telemetry(_Strict):
     #: cost model's straggler term (the slowest rank lags the mean by about e_N·σ).
     compute_jitter_seconds: float | None = Field(default=None, ge=0)
     grad_norm: float | None = Field(default=None, ge=0)
+    #: The running compressor's relative error ‖x − C(x)‖ / ‖x‖ in the last step
+    #: (``compressors.quality.ErrorMeter``): what the job loses now.
+    compression_error: float | None = Field(default=None, ge=0, le=1)
+    #: Every candidate's estimated relative error on a sample of this job's gradient
+    #: matrices, by label (``acpsgd-r4``): the adaptive policy's quality input.
+    compression_error_estimates: dict[str, float] = Field(default={}, max_length=256)
     compressor: str | None = None
     rank: int | None = None
     ratio: float | None = None
@@ -374,6 +380,16 @@ class Telemetry(_Strict):
                 raise ValueError(f"unknown phase {phase!r}; phases are {', '.join(ALL_PHASES)}")
             if seconds < 0:
                 raise ValueError(f"phase {phase!r}: seconds must be >= 0")
+        return value
+
+    @field_validator("compression_error_estimates")
+    @classmethod
+    def _bounded_errors(cls, value: dict[str, float]) -> dict[str, float]:
+        for label, error in value.items():
+            if not 0 < len(label) <= 64:
+                raise ValueError(f"compression_error_estimates: label {label[:64]!r} must be 1-64 characters")
+            if not 0 <= error <= 1:
+                raise ValueError(f"compression_error_estimates[{label!r}]: must be in [0, 1], got {error}")
         return value
 
 

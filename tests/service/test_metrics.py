@@ -42,3 +42,21 @@ def test_the_cost_models_host_terms_are_exported_when_reported():
     text = generate_latest(metrics.registry).decode()
     assert 'gradwire_network_wake_seconds{job="j"} 0.0015' in text
     assert 'gradwire_compute_jitter_seconds{job="j"} 0.002' in text
+
+
+def test_compression_error_is_exported_by_compressor_and_bounded_at_the_door():
+    import pytest
+    from pydantic import ValidationError
+
+    metrics = CoordinatorMetrics(lambda: {}, grace_s=60)
+    report = Telemetry(**telemetry(5, compressor="acpsgd", rank=4, compression_error=0.42,
+                                   compression_error_estimates={"acpsgd-r4": 0.4, "none": 0.0}))
+    metrics.observe_report("j", report, previous_step=0, shapes=None)
+    text = generate_latest(metrics.registry).decode()
+    assert 'gradwire_compression_error{compressor="acpsgd-r4",job="j"} 0.42' in text
+    assert 'gradwire_compression_error_estimate{compressor="acpsgd-r4",job="j"} 0.4' in text
+    assert 'gradwire_compression_error_estimate{compressor="none",job="j"} 0.0' in text
+    for bad in ({"compression_error": 1.5}, {"compression_error": float("nan")},
+                {"compression_error_estimates": {"acpsgd-r4": -0.1}}, {"compression_error_estimates": {"": 0.1}}):
+        with pytest.raises(ValidationError, match="compression_error"):
+            Telemetry(**telemetry(5, **bad))

@@ -1,0 +1,51 @@
+"""The paper-scale replay's simulation loop (no torch: errors given, a small profile)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import adaptive_replay as replay  # noqa: E402
+from compressors.costmodel import ElementCost, StepProfile, candidates  # noqa: E402
+from compressors.policy import PolicyConfig  # noqa: E402
+from compressors.spec import make_spec  # noqa: E402
+
+SHAPES = [(1024, 1024), (1024,)] * 4 + [(1000, 1024), (1000,)]
+PROFILE = StepProfile.build(SHAPES, forward_s=0.03, backward_s=0.06, optimizer_s=0.004,
+                            default_codec=ElementCost(per_element_s=2e-10, fixed_s=50e-6))
+CFG = PolicyConfig(allowed=replay.ALLOWED)
+
+
+def errors() -> dict[str, float]:
+    out = {}
+    for spec in candidates(CFG.allowed):
+        out[spec.label] = (0.0 if spec.name == "none" else (1 + spec.rank / 4) ** -0.5 if spec.rank
+                           else 0.9 if spec.name == "topk" else 0.8)
+    return out
+
+
+def test_trace_parsing_and_rates():
+    trace = replay.parse_trace("25:10,1:5")
+    assert [replay.rate_at(trace, t) for t in (0, 9.9, 10, 14.9, 15, 100)] == [25, 25, 1, 1, 1, 1]  # the last rate holds
+    with pytest.raises(ValueError, match="^trace"):
+        replay.parse_trace("25:0")
+
+
+def test_the_policy_compresses_only_on_the_slow_stretch_and_beats_every_fixed_choice_there():
+    trace = replay.parse_trace("25:120,1:120,25:120")
+    e = errors()
+    sim = replay.Replay(PROFILE, 32, trace, e, e)
+    target = 0.9 * sim.steps_through_trace(make_spec("none"))
+    fixed = {s.label: sim.run(target, s)["time_to_target_s"] for s in candidates(CFG.allowed)}
+    adaptive = sim.run(target, None, CFG)
+    slow = [s for s in adaptive["switches"] if s["gbit"] == 1]
+    fast = [s for s in adaptive["switches"] if s["gbit"] == 25]
+    assert slow and slow[0]["to"] != "none"  # compresses on the slow stretch
+    assert fast and fast[-1]["to"] == "none"  # and turns compression off when the link is fast again
+    assert adaptive["time_to_target_s"] < min(fixed.values())

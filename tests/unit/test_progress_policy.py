@@ -1,0 +1,189 @@
+"""Progress per second as the policy's objective (compressors.progress), on synthetic traces
+with a frozen clock: plain floats, no torch, the policy's DEFAULT bounds unless said."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from compressors.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, candidates, predict_step
+from compressors.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
+from compressors.progress import contraction, error_of, seconds_per_progress
+from compressors.spec import COMPRESSOR_NAMES, make_spec
+
+GBIT10, MBIT50 = 1.25e9, 6.25e6
+LATENCY, WORKERS = 1e-4, 4
+SHAPES = [(1024, 1024), (1024,)] * 4 + [(10, 1024), (10,)]
+PROFILE = StepProfile.build(SHAPES, forward_s=0.03, backward_s=0.06, optimizer_s=0.005, bucket_cap_bytes=4 * 2**20,
+                            default_codec=ElementCost(per_element_s=2e-9, fixed_s=50e-6))
+DEFAULTS = PolicyConfig(critical_initial_steps=0)  # default bounds: every compressor, ranks 1..64
+
+
+def spectrum_errors(decay: float = 4.0) -> dict[str, float]:
+    """Errors of every default candidate for a gradient whose low-rank error falls like
+    (1 + r/decay)^-1/2: a plausible spectrum, and one where rank 1 loses most of the gradient."""
+    errors = {}
+    for spec in candidates(COMPRESSOR_NAMES):
+        if spec.rank is not None:
+            errors[spec.label] = (1 + spec.rank / decay) ** -0.5
+        elif spec.name == "topk":
+            errors[spec.label] = 0.9 if spec.ratio == 0.01 else 0.97
+        elif spec.name == "signsgd":
+            errors[spec.label] = 0.8
+        else:
+            errors[spec.label] = error_of(spec.label, spec.name, None)
+    return errors
+
+
+def measure(bandwidth: float, current, errors=None, step=None) -> Measurements:
+    return Measurements(bandwidth, LATENCY, WORKERS, PROFILE, current, step=step,
+                        errors=spectrum_errors() if errors is None else errors)
+
+
+def brute_force_best(bandwidth: float, errors: dict[str, float], cfg: PolicyConfig = DEFAULTS) -> str:
+    """The candidate with the most progress per second, by the definition (no hysteresis)."""
+    link = alpha_beta_from_bandwidth(bandwidth, LATENCY / (2 * (WORKERS - 1)))
+    rate = {s.label: contraction(errors[s.label]) / predict_step(s, PROFILE, WORKERS, link).step_s
+            for s in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)}
+    return max(rate, key=rate.get)
+
+
+def test_the_progress_model():
+    assert contraction(0.0) == 1.0 and contraction(0.6) == pytest.approx(0.64) and contraction(1.0) == 0.0
+    assert seconds_per_progress(0.1, 0.0) == 0.1 and seconds_per_progress(0.1, 1.0) == math.inf
+    assert seconds_per_progress(0.1, 0.8) == pytest.approx(0.1 / 0.36)
+    with pytest.raises(ValueError, match="^error"):
+        contraction(float("nan"))
+    assert error_of("fp16", "fp16", None) == 2.0 ** -11 and error_of("acpsgd-r4", "acpsgd", None) is None
+    assert error_of("fp16", "fp16", {"fp16": 1e-3}) == 1e-3
+
+
+@pytest.mark.parametrize("bandwidth", [GBIT10, 1.25e8, 2.5e7, MBIT50, 1.25e6])
+def test_with_default_bounds_the_choice_maximises_progress_per_second(bandwidth):
+    errors = spectrum_errors()
+    decision, _ = decide(PolicyState(), measure(bandwidth, make_spec("none"), errors), DEFAULTS, 0.0)
+    chosen = decision.spec.label if isinstance(decision, Switch) else "none"
+    assert chosen == brute_force_best(bandwidth, errors)
+
+
+def test_at_50_mbits_the_defaults_buy_quality_instead_of_the_lowest_rank():
+    errors = spectrum_errors()
+    decision, _ = decide(PolicyState(), measure(MBIT50, make_spec("none"), errors), DEFAULTS, 0.0)
+    assert isinstance(decision, Switch) and decision.spec.name in ("acpsgd", "powersgd")
+    assert decision.spec.rank > 1  # the speed-only policy took rank 1 (the fastest)
+    speed_only, _ = decide(PolicyState(), measure(MBIT50, make_spec("none"), {}), DEFAULTS, 0.0)
+    legacy, _ = decide(PolicyState(), Measurements(MBIT50, LATENCY, WORKERS, PROFILE, make_spec("none")), DEFAULTS, 0.0)
+    assert isinstance(legacy, Switch) and legacy.spec.rank == 1
+    assert "less time per progress" in decision.reason and "error 0.4" in decision.reason
+    # With errors reported but none for a lossy candidate, only the casts can be judged.
+    assert isinstance(speed_only, Switch) and speed_only.spec.name in ("fp16", "bf16")
+
+
+def test_equal_time_goes_to_the_less_lossy_choice_by_its_measured_error():
+    cfg = PolicyConfig(allowed=("acpsgd", "topk"), topk_ratios=(0.01,), min_rank=4, max_rank=4, critical_initial_steps=0)
+    link = alpha_beta_from_bandwidth(math.inf, 0.0)
+    profile = StepProfile.build(SHAPES, forward_s=0.03, backward_s=0.06, optimizer_s=0.005,
+                                default_codec=ElementCost(per_element_s=0.0, fixed_s=0.0))
+    times = {s.label: predict_step(s, profile, 1, link).step_s for s in candidates(cfg.allowed, 4, 4, (0.01,))}
+    assert times["acpsgd-r4"] == pytest.approx(times["topk-0.01"])  # no link, free codecs: equal time
+    for errors, winner in (({"acpsgd-r4": 0.5, "topk-0.01": 0.3}, "topk-0.01"),
+                           ({"acpsgd-r4": 0.3, "topk-0.01": 0.5}, "acpsgd-r4")):
+        start = make_spec("acpsgd", rank=4) if winner == "topk-0.01" else make_spec("topk", ratio=0.01)
+        m = Measurements(math.inf, 0.0, 1, profile, start, errors=errors)
+        decision, _ = decide(PolicyState(), m, cfg, 0.0)
+        assert isinstance(decision, Switch) and decision.spec.label == winner
+
+
+def test_a_fast_idle_link_turns_compression_off():
+    for start in (make_spec("acpsgd", rank=4), make_spec("topk", ratio=0.01), make_spec("signsgd")):
+        decision, _ = decide(PolicyState(), measure(GBIT10, start), DEFAULTS, 0.0)
+        assert isinstance(decision, Switch) and decision.spec.name == "none", decision
+
+
+def run_trace(bandwidth_at, until: float, current=make_spec("none"), every: float = 2.0):
+    """One report every ``every`` seconds of a frozen clock; workers apply each switch at once."""
+    state, switches, now = PolicyState(), [], 0.0
+    while now <= until:
+        decision, state = decide(state, measure(bandwidth_at(now), current), DEFAULTS, now)
+        if isinstance(decision, Switch):
+            switches.append((now, decision.spec.label))
+            current = decision.spec
+        now += every
+    return switches, current
+
+
+def test_fast_slow_fast_trace_compresses_only_while_slow():
+    switches, final = run_trace(lambda t: MBIT50 if 60 <= t < 120 else GBIT10, until=240)
+    assert len(switches) == 2
+    (t1, down), (t2, up) = switches
+    assert 60 <= t1 <= 64 and down == brute_force_best(MBIT50, spectrum_errors())
+    assert 120 <= t2 <= 124 + DEFAULTS.min_dwell_s and up == "none" and final.name == "none"
+
+
+def test_oscillation_faster_than_the_dwell_switches_at_most_once_per_dwell():
+    switches, _ = run_trace(lambda t: MBIT50 if int(t // 20) % 2 else GBIT10, until=600)
+    times = [t for t, _ in switches]
+    assert all(b - a >= DEFAULTS.min_dwell_s for a, b in zip(times, times[1:]))
+    assert len(switches) <= 600 / DEFAULTS.min_dwell_s
+
+
+def test_decide_stays_pure_with_errors():
+    m = measure(MBIT50, make_spec("none"))
+    state = PolicyState(bandwidth_ewma=MBIT50, latency_ewma=LATENCY, smoothed_at=0.0)
+    assert decide(state, m, DEFAULTS, 5.0) == decide(state, m, DEFAULTS, 5.0)
+    assert isinstance(decide(state, m, DEFAULTS, 5.0)[0], (Keep, Switch))
+
+
+def test_estimates_are_calibrated_by_the_running_error_of_their_family():
+    from compressors.progress import calibrated_errors, record_running
+
+    estimates = {"none": 0.0, "acpsgd-r4": 0.35, "acpsgd-r8": 0.17, "powersgd-r8": 0.17, "topk-0.01": 0.85}
+    assert calibrated_errors(None, ()) is None
+    assert calibrated_errors(estimates, ()) == estimates
+    measured = record_running((), "acpsgd-r8", 0.7)
+    measured = record_running(measured, "acpsgd-r8", 0.8)  # averaged: 0.7 + 0.3 * 0.1
+    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.73)
+    judged = calibrated_errors(estimates, measured)
+    ratio = 0.73 / 0.17
+    assert judged["acpsgd-r8"] == pytest.approx(0.73)  # what it really lost
+    assert judged["powersgd-r8"] == pytest.approx(0.73)  # same family, same estimate
+    assert judged["acpsgd-r4"] == 1.0  # 0.35 * ratio, capped
+    assert judged["topk-0.01"] == 0.85 and judged["none"] == 0.0  # other families untouched
+    assert ratio > 4
+
+
+def test_a_running_error_above_the_estimate_moves_the_choice_to_less_lossy():
+    """At 50 Mbit/s the raw estimates favour a low rank; once that rank runs and loses far
+    more than estimated (error feedback on a warm start), the policy moves to a higher rank."""
+    errors = spectrum_errors()
+    state = PolicyState()
+    decision, state = decide(state, measure(MBIT50, make_spec("none"), errors), DEFAULTS, 0.0)
+    assert isinstance(decision, Switch)
+    first = decision.spec
+    running = (first.label, min(1.0, 2.2 * errors[first.label]))
+    now, current, moves = 2.0, first, []
+    while now < 200:
+        m = Measurements(MBIT50, LATENCY, WORKERS, PROFILE, current, errors=errors,
+                         running_error=(current.label, min(1.0, 2.2 * errors[current.label])))
+        decision, state = decide(state, m, DEFAULTS, now)
+        if isinstance(decision, Switch):
+            moves.append(decision.spec)
+            current = decision.spec
+        now += 2.0
+    assert running[1] > errors[first.label]
+    assert moves and all(s.name in ("acpsgd", "powersgd", "none", "fp16", "bf16") for s in moves)
+    assert (current.rank or 10**6) > first.rank  # a higher rank (or no compression) in the end
+    assert len(moves) <= 3  # it settles
+
+
+def test_the_worker_report_carries_the_running_compressor_label():
+    from workers.adaptive import policy_measurements
+    from workers.protocol import Telemetry
+
+    t = Telemetry(step=5, bandwidth_bytes_per_second=MBIT50, compressor="acpsgd", rank=8, compression_error=0.6,
+                  compression_error_estimates={"acpsgd-r8": 0.2})
+    m = policy_measurements(t, PROFILE, make_spec("acpsgd", rank=8))
+    assert m.running_error == ("acpsgd-r8", 0.6) and m.errors == {"acpsgd-r8": 0.2}
+    bare = policy_measurements(Telemetry(step=5, bandwidth_bytes_per_second=MBIT50), PROFILE, make_spec("none"))
+    assert bare.running_error is None and bare.errors is None

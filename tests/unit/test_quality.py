@@ -1,0 +1,187 @@
+"""The quality signal: the running compressor's error and the candidates' estimates, against
+their definitions (compressors.quality).
+
+The running error is checked on one simulated rank (``run_in_lockstep``), where the bucket
+the compressor leaves behind is exactly C(g + e_old), so ‖(g + e_old) − C(g + e_old)‖ /
+‖g + e_old‖ can be computed independently of the meter. Then on a real one-process gloo
+group through ``GradientSync`` (the hook's two calls).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from compressors import GradientSync, build
+from compressors.base import GradSlot, run_in_lockstep
+from compressors.costmodel import candidates
+from compressors.quality import ErrorMeter, estimate_errors
+from compressors.spec import make_spec
+
+SHAPES = {"conv.weight": (16, 4, 3, 3), "conv.bias": (16,), "fc.weight": (48, 64), "fc.bias": (48,)}
+CHOICES = [("none", {}), ("fp16", {}), ("bf16", {}), ("signsgd", {}), ("topk", {"ratio": 0.05}),
+           ("powersgd", {"rank": 2}), ("acpsgd", {"rank": 2}), ("acpsgd", {"rank": 8})]
+
+
+def _bucket(seed: int) -> tuple[torch.Tensor, list[GradSlot]]:
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [math.prod(s) for s in SHAPES.values()]
+    buffer = torch.randn(sum(sizes), generator=gen)
+    slots, offset = [], 0
+    for (key, shape), size in zip(SHAPES.items(), sizes):
+        slots.append(GradSlot(key=key, grad=buffer[offset:offset + size].view(shape), offset=offset))
+        offset += size
+    return buffer, slots
+
+
+def _reference_error(compressor, buffer: torch.Tensor, slots: list[GradSlot]) -> tuple[float, torch.Tensor]:
+    """(ε by definition, the bucket after the step) for one step on one rank."""
+    residuals = compressor.residuals()
+    x = buffer.clone()
+    for slot in slots:
+        if slot.key in residuals:
+            x[slot.offset:slot.offset + slot.grad.numel()] += residuals[slot.key].reshape(-1)
+    run_in_lockstep([compressor.process(buffer, slots, 1)])
+    compressor.end_step()
+    return float(torch.linalg.vector_norm(x - buffer) / torch.linalg.vector_norm(x)), buffer
+
+
+@pytest.mark.parametrize("name,params", CHOICES, ids=[make_spec(n, **p).label for n, p in CHOICES])
+def test_running_error_is_the_relative_compression_error_of_each_step(name, params):
+    compressor, meter = build(name, **params), ErrorMeter()
+    seen = []
+    for step in range(4):  # later steps carry error feedback: x = g + e_old
+        buffer, slots = _bucket(step)
+        reference_buffer, reference_slots = _bucket(step)
+        reference = build(name, **params)
+        reference.load_state_dict(compressor.state_dict())
+        expected, _ = _reference_error(reference, reference_buffer, reference_slots)
+        meter.bucket(slots, compressor)
+        run_in_lockstep([compressor.process(buffer, slots, 1)])
+        compressor.end_step()
+        meter.step_done(compressor)
+        assert meter.last == pytest.approx(expected, rel=1e-4, abs=1e-7)
+        seen.append(meter.last)
+    if name == "none":
+        assert seen == [0.0] * 4
+    elif name in ("fp16", "bf16"):
+        assert 0 < max(seen) < (1e-3 if name == "fp16" else 1e-2)
+    else:
+        assert 0.05 < min(seen) < 1.0
+
+
+def test_warm_up_steps_have_no_error_and_the_meter_times_itself():
+    compressor, meter = build("acpsgd", rank=2, warmup_steps=1), ErrorMeter()
+    errors = []
+    for step in range(2):
+        buffer, slots = _bucket(step)
+        meter.bucket(slots, compressor)
+        run_in_lockstep([compressor.process(buffer, slots, 1)])
+        compressor.end_step()
+        meter.step_done(compressor)
+        errors.append(meter.last)
+    assert errors[0] is None and errors[1] > 0.1  # nothing compressed in the warm-up step
+    assert meter.seconds > 0 and meter.steps == 2
+
+
+def _svd_error(matrix: torch.Tensor, rank: int) -> float:
+    u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
+    approx = (u[:, :rank] * s[:rank]) @ vh[:rank]
+    return float(torch.linalg.norm(matrix.double() - approx) / torch.linalg.norm(matrix.double()))
+
+
+def test_estimates_follow_each_candidates_definition():
+    gen = torch.Generator().manual_seed(3)
+    matrix = torch.randn(40, 8, generator=gen) @ torch.randn(8, 30, generator=gen) + 0.1 * torch.randn(40, 30, generator=gen)
+    specs = [make_spec("none"), make_spec("fp16"), make_spec("acpsgd", rank=2), make_spec("powersgd", rank=8),
+             make_spec("topk", ratio=0.1), make_spec("signsgd")]
+    errors = estimate_errors([matrix], specs)
+    assert errors["none"] == 0.0
+    assert 0 < errors["fp16"] < 1e-3
+    assert errors["acpsgd-r2"] == pytest.approx(_svd_error(matrix, 2), rel=1e-4)
+    assert errors["powersgd-r8"] == pytest.approx(_svd_error(matrix, 8), rel=1e-3)
+    assert errors["powersgd-r8"] < errors["acpsgd-r2"]  # a higher rank loses less
+    flat = matrix.reshape(-1)
+    k = int(0.1 * flat.numel())
+    kept = flat.abs().topk(k).values
+    assert errors["topk-0.1"] == pytest.approx(math.sqrt(1 - float((kept ** 2).sum() / (flat ** 2).sum())), rel=1e-4)
+    scaled_sign = flat.abs().mean() * torch.where(flat >= 0, 1.0, -1.0)
+    assert errors["signsgd"] == pytest.approx(float((flat - scaled_sign).norm() / flat.norm()), rel=1e-4)
+
+
+def test_estimates_pool_over_tensors_and_count_uncompressed_ones_as_exact():
+    gen = torch.Generator().manual_seed(4)
+    big, small = torch.randn(64, 64, generator=gen), torch.randn(3, 4, generator=gen)
+    spec = make_spec("acpsgd", rank=4, min_compress_numel=100)  # leaves the 3x4 matrix uncompressed
+    pooled = estimate_errors([big, small], [spec])[spec.label]
+    alone = estimate_errors([big], [spec])[spec.label]
+    lost_sq = alone ** 2 * float((big ** 2).sum())
+    assert pooled == pytest.approx(math.sqrt(lost_sq / float((big ** 2).sum() + (small ** 2).sum())), rel=1e-5)
+    assert estimate_errors([], [spec]) == {spec.label: 0.0}
+
+
+def test_every_candidate_of_the_default_bounds_gets_an_estimate():
+    specs = candidates(("none", "fp16", "bf16", "signsgd", "topk", "powersgd", "acpsgd"))
+    errors = estimate_errors([torch.randn(32, 32)], specs)
+    assert set(errors) == {s.label for s in specs}
+    assert all(0 <= e <= 1 for e in errors.values())
+
+
+@pytest.fixture
+def one_process_group():
+    from support.servers import free_port  # noqa: PLC0415
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_the_hook_measures_the_running_error_and_samples_gradients(one_process_group):
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)), bucket_cap_mb=0.001)
+    sync = GradientSync(build("acpsgd", rank=2)).install(model)
+    sync.error_meter = meter = ErrorMeter()
+    errors = []
+    for step in range(3):
+        if step == 2:
+            meter.request_sample()
+        model.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
+        errors.append(meter.last)
+    assert all(e is not None and 0.05 < e < 1 for e in errors)
+    sample = meter.take_sample()
+    assert sorted(tuple(t.shape) for t in sample) == [(10, 64), (64, 32)]
+    assert meter.take_sample() == []
+    sync.switch(build("none"))
+    model.zero_grad()
+    nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
+    assert meter.last == 0.0
+
+
+def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group):
+    from workers.protocol import TrainConfig
+    from workers.quality import QualitySignal
+
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)))
+    sync = GradientSync(build("none")).install(model)
+    cfg = TrainConfig(name="q", model="mlp", dataset="synthetic", steps=10, workers=1, probe_interval_s=1e-6,
+                      compression={"mode": "adaptive", "compressor": "none", "allowed": ["none", "acpsgd"],
+                                   "max_rank": 8})
+    signal = QualitySignal(cfg, sync)
+    for _ in range(4):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
+        signal.after_step()
+    assert set(signal.estimates) == {"none", "acpsgd-r8", "acpsgd-r4", "acpsgd-r2", "acpsgd-r1"}
+    assert signal.estimates["acpsgd-r1"] > signal.estimates["acpsgd-r8"] and signal.running_error == 0.0
+    overhead = signal.overhead()
+    assert overhead["estimates"] >= 1 and overhead["estimate_s"] > 0 and 0 < overhead["share_of_run"] < 1
+    fixed = QualitySignal(cfg.model_copy(update={"compression": cfg.compression.model_copy(update={"mode": "fixed"})}),
+                          sync)
+    assert fixed.candidates == () and (fixed.after_step() or fixed.estimates) == {}

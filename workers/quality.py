@@ -1,0 +1,74 @@
+"""Rank 0's quality signal: the running compressor's error every step, candidates' estimates
+every few seconds within a share of the probe budget.
+
+Glue between ``compressors.quality`` (the measurements, torch) and the telemetry: it hangs an
+:class:`~compressors.quality.ErrorMeter` on the job's ``GradientSync``, asks it for a sample
+of gradient matrices when an estimate is due, and times everything it does, so the summary
+can state the overhead (``overhead()``).
+
+Why a budget: an estimate costs one ``svdvals`` per sampled matrix (0.1-0.3 s for BERT's
+largest on a CPU core); at a fixed step interval that would be a fixed share of a fast step
+and nothing of a slow one. Like the probe (``workers.probe.ProbeScheduler``), it runs at most
+every ``probe_interval_s`` and only while its total cost stays within ``budget`` of the run
+time; half the job's probe budget is the default.
+"""
+
+from __future__ import annotations
+
+import time
+
+from compressors import GradientSync
+from compressors.costmodel import candidates
+from compressors.quality import ErrorMeter, estimate_errors
+from compressors.spec import CompressorSpec
+from workers.adaptive import policy_config
+from workers.probe import ProbeScheduler
+from workers.protocol import TrainConfig
+
+#: Share of the job's probe budget the estimates may take.
+ESTIMATE_BUDGET_SHARE = 0.5
+
+
+class QualitySignal:
+    """Measures rank 0's compression error; estimates candidates only for adaptive jobs."""
+
+    def __init__(self, cfg: TrainConfig, sync: GradientSync) -> None:
+        self.meter = ErrorMeter()
+        sync.error_meter = self.meter
+        self.candidates: tuple[CompressorSpec, ...] = ()
+        if cfg.compression.mode == "adaptive":
+            config = policy_config(cfg.compression)
+            self.candidates = candidates(config.allowed, config.min_rank, config.max_rank, config.topk_ratios)
+        self.scheduler = ProbeScheduler(probe_interval_s=cfg.probe_interval_s,
+                                        max_cost_fraction=cfg.probe_budget * ESTIMATE_BUDGET_SHARE)
+        self.estimates: dict[str, float] = {}
+        self.estimate_s = 0.0
+        self.started = time.monotonic()
+        self._requested = False
+
+    def after_step(self) -> None:
+        """Between steps: run an estimate on a sample taken last step; request the next one."""
+        if not self.candidates:
+            return
+        elapsed = time.monotonic() - self.started
+        if self._requested and self.meter.sample:
+            started = time.perf_counter()
+            self.estimates = estimate_errors(self.meter.take_sample(), self.candidates)
+            cost = time.perf_counter() - started
+            self.estimate_s += cost
+            self.scheduler.record(elapsed, cost)
+            self._requested = False
+        elif not self._requested and self.scheduler.due(elapsed, elapsed):
+            self.meter.request_sample()
+            self._requested = True
+
+    @property
+    def running_error(self) -> float | None:
+        return self.meter.last
+
+    def overhead(self) -> dict[str, float]:
+        """Seconds spent measuring, and their share of the run so far."""
+        elapsed = max(1e-9, time.monotonic() - self.started)
+        total = self.meter.seconds + self.estimate_s
+        return {"meter_s": round(self.meter.seconds, 4), "estimate_s": round(self.estimate_s, 4),
+                "estimates": self.scheduler.probes, "share_of_run": round(total / elapsed, 5)}
