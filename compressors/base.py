@@ -97,6 +97,7 @@ class Compressor(ABC):
         self._step_undo: list[Callable[[], None]] = []
         #: Whether the last settled step was finite everywhere (True before any step).
         self.last_step_finite = True
+        self._open_step = 0  # steps_done when the step in flight began
 
     # -- identity -------------------------------------------------------------------
     @property
@@ -114,11 +115,14 @@ class Compressor(ABC):
     def process(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
         """The job GradientSync drives for one bucket (the warm-up is plain all-reduce).
 
-        Settles the previous step first if nobody did (drivers such as :func:`run_in_lockstep`
-        just call ``process``/``end_step``); every job of that step has finished by now.
+        The first call of a step settles the previous step if nobody did (drivers such as
+        :func:`run_in_lockstep` just call ``process``/``end_step``): every job of that step has
+        finished by now. Later calls of the same step must not: buckets that already
+        completed in this step have journaled into the step in flight.
         """
-        if self._step_checks or self._step_undo:
+        if self.steps_done != self._open_step:
             self.settle()
+            self._open_step = self.steps_done
         if self.steps_done < self.spec.warmup_steps:
             return mean_allreduce(buffer, world_size)
         return self.encode_decode(buffer, slots, world_size)

@@ -139,6 +139,10 @@ class GradientSync:
         self._last: StepRecord | None = None
         self._error: BaseException | None = None
         self._bucket_seq = 0
+        #: The handshake and every bucket's first round go on a group of their own: they are
+        #: launched once the handshake completes, possibly after DDP issued its own collectives
+        #: (find_unused_parameters' used-map all-reduce) on the model's group.
+        self._first_round_group: dist.ProcessGroup | None = None
         self._later_rounds: list[_OrderedRound] = []
         #: Called with each finished StepRecord (from whichever thread finished it).
         self.on_step: Callable[[StepRecord], None] | None = None
@@ -170,6 +174,7 @@ class GradientSync:
         trained = [(name, param) for name, param in named_parameters if param.requires_grad]
         self._names = {param.data_ptr(): name for name, param in trained}
         self._shapes = [tuple(param.shape) for _, param in trained]
+        self._first_round_group = self._new_group()
         self._later_rounds = [_OrderedRound(self._new_group()) for _ in range(MAX_ROUNDS - 1)]
         self._bucket_seq = 0
         self._warn_if_nothing_compressed(self._compressor)
@@ -180,11 +185,11 @@ class GradientSync:
         return self._on_bucket(bucket)
 
     def _new_group(self) -> dist.ProcessGroup | None:
-        """A process group over the same ranks (collective: every rank calls install())."""
+        """A process group over the same ranks, with the same timeout (collective: every rank calls install())."""
         if dist.get_world_size(self.process_group) == 1:
             return self.process_group
-        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-        return dist.new_group(ranks=ranks, backend=dist.get_backend(self.process_group))
+        ranks = dist.get_process_group_ranks(self._group())
+        return dist.new_group(ranks=ranks, backend=dist.get_backend(self.process_group), timeout=_timeout_of(self._group()))
 
     def switch(self, compressor: Compressor) -> None:
         """Use ``compressor`` from the next backward on. Call on every rank between the same steps
@@ -350,7 +355,7 @@ class GradientSync:
             device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.process_group) == "nccl" else None
             mine = mine.to(device) if device is not None else mine
             gathered = torch.empty(dist.get_world_size(self.process_group) * mine.numel(), dtype=torch.uint8, device=mine.device)
-            work = _all_gather_single(gathered, mine, group=self.process_group, async_op=True)
+            work = _all_gather_single(gathered, mine, group=self._first_round_group, async_op=True)
         except BaseException as exc:  # noqa: BLE001 - every bucket of the step fails with it
             gate.open(exc)
             return gate
@@ -436,7 +441,7 @@ class GradientSync:
         if round_index == 0:
             def go(error: BaseException | None) -> None:
                 if error is None:
-                    launch(self.process_group)
+                    launch(self._first_round_group)
                 else:
                     job.close()
                     self._fail(result, record, error, flight)
@@ -507,6 +512,16 @@ class GradientSync:
             finite = finite and bool(torch.stack(record._results_finite).all())
         if not finite:
             self._carry.update(record._carried)
+
+
+def _timeout_of(group: dist.ProcessGroup):  # type: ignore[no-untyped-def]
+    """The group's collective timeout (so a peer's failure ends our rounds as soon as the user's group)."""
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return None
 
 
 def _require_compressor(value: Any, where: str) -> None:
