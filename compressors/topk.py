@@ -61,13 +61,15 @@ class TopK(ErrorFeedbackCompressor):
 
         gathered = yield AllGather(payload)  # (N, len) uint8
 
-        all_values = gathered[:, value_span].contiguous().view(wire_dtype)
+        # reshape(-1) makes the rows one contiguous run starting aligned (a single row of a
+        # world of 1 is not copied), so the bytes can be read as values / int32 indices.
+        all_values = gathered[:, value_span].reshape(-1).view(wire_dtype).view(world_size, value_count)
         self.observe(all_values)
         for slot in compressed:
             slot.grad.zero_()
         if total_k:
             sparse_values = all_values[:, :total_k].reshape(-1).div_(world_size)
-            sparse_indices = gathered[:, index_span].contiguous().view(torch.int32).reshape(-1).long()
+            sparse_indices = gathered[:, index_span].reshape(-1).view(torch.int32).long()
             buffer.index_add_(0, sparse_indices, sparse_values)
         offset = total_k
         for slot in plain:

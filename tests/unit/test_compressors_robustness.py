@@ -95,6 +95,18 @@ def test_every_compressor_returns_the_parameters_dtype_and_sends_the_formulas_by
     assert [b / 4 for b in total] == [expected, expected]
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_a_world_of_one_works_for_every_dtype(name, dtype):
+    """One rank: the all-gather hands back the payload itself (no copy), odd byte offsets included."""
+    grads = grads_for(0, 0, dtype)
+    grads["odd"] = torch.randn(12).to(dtype)  # top-k keeps 219 values in all: an odd count of 16-bit ones
+    compressor = build(name, **CONFIGS[name])
+    for t in range(2):
+        applied, _ = step([compressor], [grads])
+        assert all(g.dtype == dtype and torch.isfinite(g).all() for g in applied[0].values())
+
+
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
 @pytest.mark.parametrize("name", ["signsgd", "topk", "powersgd", "acpsgd"])
 def test_16_bit_models_keep_residuals_and_factors_in_fp32(name, dtype):
