@@ -13,6 +13,12 @@ on any model's shapes. The layout matters: one bucket makes the hook's error fee
 and subtract the whole gradient at once, 1.7-2.0× our codec instead of 1.0-1.2× in 25 MB
 buckets (measured on this machine's four paper workloads).
 
+``nonfinite_check_s`` is the part of our step spent on the non-finite check (each job's
+``observe`` of what it received, and the step's ``settle``), timed around those calls, so it
+can be set against encode+decode (target: ≤ 3 %). ``--dtypes fp32 bf16`` also runs every
+method on bf16 gradients of the same shapes, in the same rounds (``acpsgd@bf16``): what
+keeping state and doing the QR in fp32 costs a 16-bit model.
+
     python benchmarks/compressor_cost.py --json-out benchmarks/results/compressor_cost.json
 """
 
@@ -84,6 +90,7 @@ class Workload:
     buckets: list[Bucket]
     source: list[torch.Tensor]  # fresh random gradients, copied in before each step
     device: torch.device = torch.device("cpu")
+    dtype: torch.dtype = torch.float32
 
     def refill(self) -> None:
         for bucket, grads in zip(self.buckets, self.source):
@@ -92,21 +99,21 @@ class Workload:
 
 def make_workload(name: str, shapes: Sequence[tuple[int, ...]], rank: int, *,
                   bucket_cap_bytes: float = BUCKET_CAP_BYTES, first_bucket_bytes: float | None = DDP_FIRST_BUCKET_BYTES,
-                  seed: int = 0, device: torch.device = torch.device("cpu")) -> Workload:
+                  seed: int = 0, device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32) -> Workload:
     """Random gradients of ``shapes`` in DDP-like buckets of ``bucket_cap_bytes`` (the first
     one ``first_bucket_bytes``: DDP's default 1 MiB; None when a job sets its cap, as paper.py),
-    on ``device``."""
+    on ``device``, in ``dtype``. Buckets are laid out as for fp32 (same buckets whatever the dtype)."""
     shapes = [tuple(int(d) for d in shape) for shape in shapes]
     generator = torch.Generator().manual_seed(seed)
-    params = [torch.nn.Parameter(torch.empty(shape, device=device)) for shape in shapes]
+    params = [torch.nn.Parameter(torch.empty(shape, device=device, dtype=dtype)) for shape in shapes]
     layout = build_bucket_layout(shapes, bucket_cap_bytes, first_bucket_bytes)
     buckets, source = [], []
     for index, members in enumerate(layout):
         size = sum(math.prod(shapes[i]) for i in members)
-        buckets.append(Bucket(index, torch.empty(size, device=device), [params[i] for i in members],
+        buckets.append(Bucket(index, torch.empty(size, device=device, dtype=dtype), [params[i] for i in members],
                               index == len(layout) - 1))
-        source.append(torch.randn(size, generator=generator).to(device))
-    return Workload(name, rank, shapes, params, buckets, source, device)
+        source.append(torch.randn(size, generator=generator).to(device=device, dtype=dtype))
+    return Workload(name, rank, shapes, params, buckets, source, device, dtype)
 
 
 HookStep = Callable[[], None]
@@ -122,10 +129,32 @@ def method_params(name: str, rank: int) -> dict[str, float]:
     return {"ratio": TOPK_RATIO} if name == "topk" else {}
 
 
-def our_method(workload: Workload, name: str) -> tuple[HookStep, GradientSync]:
+def our_method(workload: Workload, name: str) -> tuple[HookStep, GradientSync, "CheckTimer"]:
     sync = GradientSync(build(name, **method_params(name, workload.rank)))
     sync.bind((f"param{index}", param) for index, param in enumerate(workload.params))
-    return (lambda: run_step(workload, sync.hook)), sync
+    return (lambda: run_step(workload, sync.hook)), sync, CheckTimer(sync.compressor)
+
+
+class CheckTimer:
+    """Times the non-finite check of one compressor: every ``observe`` and ``settle`` call.
+
+    Wraps the two methods on the instance (the compressor's code is unchanged), so the
+    seconds are exactly those calls' own."""
+
+    def __init__(self, compressor) -> None:  # type: ignore[no-untyped-def]
+        self.seconds = 0.0
+        for method in ("observe", "settle"):
+            setattr(compressor, method, self._timed(getattr(compressor, method)))
+
+    def _timed(self, call: Callable) -> Callable:
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            started = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        return timed
 
 
 def torch_powersgd_state(rank: int, seed: int = 0) -> torch_psgd.PowerSGDState:
@@ -205,23 +234,26 @@ class Case:
     workload: Workload
     step: HookStep
     sync: GradientSync | None = None  # ours count their own bytes; PyTorch's at dist.all_reduce
+    checks: CheckTimer | None = None  # ours: seconds in the non-finite check
 
 
 def make_case(workload: Workload, method: str) -> Case:
     if method in OUR_METHODS:
-        step, sync = our_method(workload, method)
-        return Case(workload, step, sync)
+        step, sync, checks = our_method(workload, method)
+        return Case(workload, step, sync, checks)
     return Case(workload, torch_method(workload, method))
 
 
 def measure(cases: Mapping[str, Case], warmup: int, steps: int, label: str = "codecs") -> dict[str, dict[str, float]]:
     """Seconds of one step of every case (median and min) and its mean bytes, run round-robin."""
     times: dict[str, list[float]] = {name: [] for name in cases}
+    check_times: dict[str, list[float]] = {name: [] for name in cases}
     byte_counts: dict[str, list[int]] = {name: [] for name in cases}
     for round_index in range(warmup + steps):
         for name, case in cases.items():
             case.workload.refill()
             sent_before = case.sync.stats().bytes_sent if case.sync is not None else 0
+            checked_before = case.checks.seconds if case.checks is not None else 0.0
             with ByteCounter() as counter:
                 synchronize(case.workload.device)  # GPU: time the kernels, not their launches
                 started = time.perf_counter()
@@ -232,15 +264,19 @@ def measure(cases: Mapping[str, Case], warmup: int, steps: int, label: str = "co
             if round_index >= warmup:
                 times[name].append(elapsed)
                 byte_counts[name].append(sent)
+                if case.checks is not None:
+                    check_times[name].append(case.checks.seconds - checked_before)
         print(f"  {label}: round {round_index + 1}/{warmup + steps}", file=sys.stderr, flush=True)
-    return {
-        name: {
+    results = {}
+    for name in cases:
+        results[name] = {
             "encode_decode_s": statistics.median(times[name]),
             "encode_decode_min_s": min(times[name]),
             "bytes_per_step": statistics.fmean(byte_counts[name]),
         }
-        for name in cases
-    }
+        if check_times[name]:
+            results[name]["nonfinite_check_s"] = statistics.median(check_times[name])
+    return results
 
 
 #: PyTorch's hook in one bucket: the layout ``benchmarks/paper.py`` runs it with on gloo.
@@ -278,14 +314,26 @@ def powersgd_codecs(shapes: Sequence[tuple[int, ...]], rank: int, *, bucket_cap_
     return measure(cases, warmup, steps, label)
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+
+
 def measure_workloads(names: Sequence[str], methods: Sequence[str], warmup: int, steps: int,
-                      device: torch.device = torch.device("cpu")) -> dict[str, dict[str, dict[str, float]]]:
-    """Every method on each workload of :data:`WORKLOADS`, on ``device`` (needs a process group)."""
+                      device: torch.device = torch.device("cpu"),
+                      dtypes: Sequence[str] = ("fp32",)) -> dict[str, dict[str, dict[str, float]]]:
+    """Every method on each workload of :data:`WORKLOADS`, on ``device`` (needs a process group).
+
+    Other ``dtypes`` than fp32 add our methods on gradients of that dtype to the same rounds,
+    named ``method@dtype``."""
     results = {}
     for workload_name in names:
         model, rank = WORKLOADS[workload_name]
         workload = make_workload(workload_name, parameter_shapes(model), rank, device=device)
         cases = {name: make_case(workload, name) for name in methods}
+        for dtype_name in dtypes:
+            if dtype_name == "fp32":
+                continue
+            other = make_workload(workload_name, parameter_shapes(model), rank, device=device, dtype=DTYPES[dtype_name])
+            cases.update({f"{name}@{dtype_name}": make_case(other, name) for name in methods if name in OUR_METHODS})
         results[workload_name] = measure(cases, warmup, steps, workload_name)
         del workload, cases
     return results
@@ -299,15 +347,18 @@ def print_table(results: dict[str, dict[str, dict[str, float]]]) -> None:
         fp32 = rows["none"]["bytes_per_step"]
         reference = rows["torch_powersgd"]["encode_decode_s"]
         table = Table(title=f"{workload}: encode+decode per step (median)")
-        for column in ("method", "encode+decode ms", "÷ torch powerSGD_hook", "MB/step", "fewer bytes than fp32"):
+        for column in ("method", "encode+decode ms", "÷ torch powerSGD_hook", "MB/step", "fewer bytes than fp32",
+                       "non-finite check"):
             table.add_column(column, justify="right")
         for name, row in rows.items():
+            check = row.get("nonfinite_check_s")
             table.add_row(
                 name,
                 f"{row['encode_decode_s'] * 1e3:.1f}",
                 f"{row['encode_decode_s'] / reference:.2f}×",
                 f"{row['bytes_per_step'] / 1e6:.3f}",
                 f"{fp32 / row['bytes_per_step']:.1f}×",
+                "" if check is None else f"{check * 1e3:.2f} ms ({check / row['encode_decode_s']:.1%})",
             )
         Console().print(table)
 
@@ -320,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds (torch's hook starts compressing at its 3rd)")
     parser.add_argument("--steps", type=int, default=10, help="timed rounds")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (NCCL group, kernels timed to completion)")
+    parser.add_argument("--dtypes", nargs="+", default=["fp32"], choices=list(DTYPES),
+                        help="gradient dtypes for our methods (fp32 always; others add method@dtype rows)")
     args = parser.parse_args(argv)
     if args.steps % 2:
         parser.error("--steps must be even: ACP-SGD alternates P and Q steps, so bytes average over pairs")
@@ -330,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             args.methods.insert(0, required)
     device = torch.device(args.device)
     with single_process_group(device):
-        results = measure_workloads(args.workloads, args.methods, args.warmup, args.steps, device)
+        results = measure_workloads(args.workloads, args.methods, args.warmup, args.steps, device,
+                                    dtypes=["fp32", *[d for d in args.dtypes if d != "fp32"]])
     print_table(results)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,10 @@ P-step (parity 0)                         Q-step (parity 1)
 
 The kept factor is last step's *global* result, so warm start is built in. The first Q is
 a seeded random matrix identical on every rank. Parity and factors are per parameter.
+
+Precision: factors, residuals and the QR are in fp32 for 16-bit models (fp64 for fp64);
+X travels in the parameters' dtype, rounded to it *before* the residual is taken, so error
+feedback keeps the rounding error as well.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from typing import Sequence
 
 import torch
 
-from compressors.base import AllReduce, BucketJob, GradSlot
-from compressors.fusion import FusedBuffer, pack_uncompressed, split_slots, unpack_mean
-from compressors.lowrank import LowRankCompressor, orthonormal_columns
+from compressors.base import AllReduce, BucketJob, GradSlot, compute_dtype
+from compressors.fusion import FusedBuffer, from_wire, mm_into, pack_uncompressed, round_to, split_slots, to_wire, unpack_mean
+from compressors.lowrank import Factors, LowRankCompressor, orthonormal_columns
 
 P_STEP, Q_STEP = 0, 1
 
@@ -32,37 +36,43 @@ P_STEP, Q_STEP = 0, 1
 class ACPSGD(LowRankCompressor):
     def encode_decode(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
         compressed, plain = split_slots(slots, self.compresses)
+        wire_dtype, dtype = buffer.dtype, compute_dtype(buffer.dtype)
         factors = [self.factors.get(slot) for slot in compressed]
         # 1. One orthogonalization per matrix: of the factor the last step produced.
         kept = [f.q if f.parity == P_STEP or f.p is None else f.p for f in factors]
         parities = [P_STEP if f.parity == P_STEP or f.p is None else Q_STEP for f in factors]
         bases = orthonormal_columns(kept)
-        ms = [self.memory.accumulate(slot.key, slot.matrix) for slot in compressed]
+        ms = [self.memory.accumulate(slot.key, slot.matrix, dtype) for slot in compressed]
         payload = FusedBuffer(
             [(m.shape[0] if parity == P_STEP else m.shape[1], basis.shape[1]) for m, basis, parity in zip(ms, bases, parities)]
             + [(s.grad.numel(),) for s in plain],
-            dtype=buffer.dtype,
+            dtype=dtype,
             device=buffer.device,
         )
         xs, plain_views = payload.views[: len(ms)], payload.views[len(ms) :]
-        # 2-3. Project, and leave the local residual in the error-feedback buffer (in place).
+        # 2-3. Project, and leave the local residual in the error-feedback work buffer.
         for m, basis, x, parity in zip(ms, bases, xs, parities):
             if parity == P_STEP:
                 torch.mm(m, basis, out=x)
+                round_to(x, wire_dtype)
                 m.addmm_(x, basis.t(), alpha=-1)
             else:
                 torch.mm(m.t(), basis, out=x)
+                round_to(x, wire_dtype)
                 m.addmm_(basis, x.t(), alpha=-1)
         pack_uncompressed(plain_views, plain)
         # 4. The step's only collective.
-        yield AllReduce(payload.flat)
+        received = yield AllReduce(to_wire(payload.flat, wire_dtype))
+        from_wire(payload.flat, received)
+        self.observe(payload.flat)
         # 5. Reconstruct the mean gradient; keep the summed factor for the next step.
         unpack_mean(plain_views, plain, world_size)
-        for slot, f, basis, x, parity in zip(compressed, factors, bases, xs, parities):
+        for slot, f, basis, x, parity, m in zip(compressed, factors, bases, xs, parities, ms):
             scaled_basis = basis / world_size
             if parity == P_STEP:
-                torch.mm(x, scaled_basis.t(), out=slot.matrix)
-                f.p, f.parity = x, Q_STEP
+                mm_into(x, scaled_basis.t(), slot.matrix)
+                self.keep_factors(slot.key, Factors(q=f.q, p=x, parity=Q_STEP))
             else:
-                torch.mm(scaled_basis, x.t(), out=slot.matrix)
-                f.q, f.parity = x, P_STEP
+                mm_into(scaled_basis, x.t(), slot.matrix)
+                self.keep_factors(slot.key, Factors(q=x, p=f.p, parity=P_STEP))
+            self.keep_residual(slot.key, m)

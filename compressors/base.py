@@ -13,7 +13,7 @@ from __future__ import annotations
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Generator, Iterable, Sequence, Union
+from typing import Any, Callable, Generator, Iterable, Sequence, Union
 
 import torch
 
@@ -63,16 +63,41 @@ Collective = Union[AllReduce, AllGather]
 BucketJob = Generator[Collective, torch.Tensor, None]
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision a compressor keeps state and does its linear algebra in for ``dtype``.
+
+    16-bit gradients are accumulated (error feedback) and orthogonalised in fp32: a bf16
+    residual would round away every update smaller than 2^-8 of it, and LAPACK has no 16-bit
+    QR. fp32 and fp64 compute in their own precision. What goes on the wire stays in the
+    parameters' dtype.
+    """
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 class Compressor(ABC):
     """Base of every compressor. Subclasses implement :meth:`encode_decode`.
 
     The uncompressed warm-up (``warmup_steps``), the byte formula and the step counter
     live here, so every compressor handles them the same way.
+
+    **Non-finite steps.** A lossy compressor's state (residuals, factors) must not keep an
+    inf/NaN of one overflowing step (fp16 AMP produces them; ``GradScaler`` skips the step).
+    Every job therefore reports the finiteness of what it *received* (:meth:`observe`: the
+    all-reduced or all-gathered payload, identical on every rank, so every rank reaches the
+    same verdict) and journals how to undo its state change (:meth:`journal`). When the step
+    is over, :meth:`settle` keeps the step's state if every payload was finite and undoes it
+    otherwise. A non-finite gradient on any rank makes the summed/gathered payload
+    non-finite, so the decoded gradients are non-finite on every rank too.
     """
 
     def __init__(self, spec: CompressorSpec) -> None:
         self.spec = spec
         self.steps_done = 0
+        self._step_checks: list[torch.Tensor] = []
+        self._step_undo: list[Callable[[], None]] = []
+        #: Whether the last settled step was finite everywhere (True before any step).
+        self.last_step_finite = True
+        self._open_step = 0  # steps_done when the step in flight began
 
     # -- identity -------------------------------------------------------------------
     @property
@@ -88,7 +113,16 @@ class Compressor(ABC):
 
     # -- the per-bucket job ----------------------------------------------------------
     def process(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
-        """The job GradientSync drives for one bucket (the warm-up is plain all-reduce)."""
+        """The job GradientSync drives for one bucket (the warm-up is plain all-reduce).
+
+        The first call of a step settles the previous step if nobody did (drivers such as
+        :func:`run_in_lockstep` just call ``process``/``end_step``): every job of that step has
+        finished by now. Later calls of the same step must not: buckets that already
+        completed in this step have journaled into the step in flight.
+        """
+        if self.steps_done != self._open_step:
+            self.settle()
+            self._open_step = self.steps_done
         if self.steps_done < self.spec.warmup_steps:
             return mean_allreduce(buffer, world_size)
         return self.encode_decode(buffer, slots, world_size)
@@ -101,19 +135,46 @@ class Compressor(ABC):
         """Called once per step, when the step's last bucket has been handed over."""
         self.steps_done += 1
 
+    # -- non-finite steps ---------------------------------------------------------------
+    def observe(self, received: torch.Tensor) -> None:
+        """Record whether a collective's result is finite (no host sync: read in :meth:`settle`)."""
+        self._step_checks.append(torch.isfinite(received).all())
+
+    def journal(self, undo: Callable[[], None]) -> None:
+        """Record how to undo one state change of the step in flight."""
+        self._step_undo.append(undo)
+
+    def settle(self) -> bool:
+        """End the step whose jobs have all finished: keep its state, or undo it if non-finite.
+
+        Returns whether the step was finite on every rank. Called by GradientSync when a
+        step's last bucket completes; safe to call again (a no-op).
+        """
+        checks, undo = self._step_checks, self._step_undo
+        self._step_checks, self._step_undo = [], []
+        finite = bool(torch.stack(checks).all()) if checks else True
+        if not finite:
+            for step_back in reversed(undo):
+                step_back()
+        self.last_step_finite = finite
+        return finite
+
     # -- bytes ----------------------------------------------------------------------
-    def wire_bytes(self, shapes: Iterable[Sequence[int]], world_size: int) -> float:
-        """Bytes this rank passes into collectives per step (average over steps), from the formula."""
-        return wire.wire_bytes(self.spec, shapes, world_size)
+    def wire_bytes(self, shapes: Iterable[Sequence[int]], world_size: int, dtype: torch.dtype = torch.float32) -> float:
+        """Bytes this rank passes into collectives per step (average over steps), from the formula,
+        for gradients of ``dtype`` (what travels is in that dtype, or 16-bit for fp16/bf16)."""
+        return wire.wire_bytes(self.spec, shapes, world_size, element_bytes=dtype.itemsize)
 
     def compresses(self, shape: Sequence[int]) -> bool:
         return wire.is_compressed(self.spec, tuple(shape))
 
     # -- state ----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        self.settle()
         return {"steps_done": self.steps_done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.settle()
         self.steps_done = int(state.get("steps_done", 0))
 
     def take_residuals(self) -> dict[str, torch.Tensor]:
@@ -122,6 +183,7 @@ class Compressor(ABC):
         GradientSync adds them to the next gradients after a switch, so no gradient mass
         is lost when the compressor changes. Compressors without error feedback have none.
         """
+        self.settle()
         return {}
 
     def residuals(self) -> dict[str, torch.Tensor]:
@@ -144,14 +206,23 @@ class ErrorFeedbackCompressor(Compressor):
         self.memory.load_state_dict(state.get("memory", {}))
 
     def take_residuals(self) -> dict[str, torch.Tensor]:
+        self.settle()
         return self.memory.take()
 
+    def keep_residual(self, key: str, work: torch.Tensor) -> None:
+        """Make ``work`` (from ``memory.accumulate``) the residual of ``key``, undoable until settled."""
+        prior = self.memory.commit(key, work)
+        self.journal(lambda: self.memory.restore(key, prior))
+
     def residuals(self) -> dict[str, torch.Tensor]:
+        self.settle()
         return self.memory.peek()
 
 
 def mean_allreduce(buffer: torch.Tensor, world_size: int) -> BucketJob:
-    """Plain fp32 all-reduce of the whole bucket, then divide: S-SGD."""
+    """Plain all-reduce of the whole bucket (in its dtype), then divide: S-SGD.
+
+    Stateless: an inf/NaN on any rank is in every rank's sum, nothing to undo."""
     yield AllReduce(buffer)
     buffer.div_(world_size)
 

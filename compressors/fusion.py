@@ -27,6 +27,31 @@ class FusedBuffer:
             offset += size
 
 
+def to_wire(flat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What to send for ``flat``: itself when it is already in the wire ``dtype`` (no copy)."""
+    return flat if flat.dtype == dtype else flat.to(dtype)
+
+
+def from_wire(flat: torch.Tensor, received: torch.Tensor) -> None:
+    """Bring a collective's result back into ``flat`` (nothing to do when it was sent as is)."""
+    if received is not flat:
+        flat.copy_(received)
+
+
+def round_to(tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    """Round ``tensor`` in place to what ``dtype`` can hold (it will travel in ``dtype``), so
+    error feedback keeps the rounding error too. A no-op when ``tensor`` is in ``dtype``."""
+    if tensor.dtype != dtype:
+        tensor.copy_(tensor.to(dtype))
+
+
+def mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out = a @ b``; ``out`` may be in a lower precision than ``a`` and ``b`` (rounded once)."""
+    if out.dtype == a.dtype:
+        return torch.mm(a, b, out=out)
+    return out.copy_(torch.mm(a, b))
+
+
 def pack_uncompressed(views: Sequence[torch.Tensor], slots: Sequence[GradSlot]) -> None:
     """Copy uncompressed gradients into their places in a fused buffer."""
     for view, slot in zip(views, slots):

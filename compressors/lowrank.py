@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import torch
 
 from compressors import wire
-from compressors.base import ErrorFeedbackCompressor, GradSlot, seeded_normal
+from compressors.base import ErrorFeedbackCompressor, GradSlot, compute_dtype, seeded_normal
 from compressors.spec import CompressorSpec
 
 
@@ -35,14 +35,28 @@ class FactorStore:
         self._factors: dict[str, Factors] = {}
 
     def get(self, slot: GradSlot) -> Factors:
+        """The factors of ``slot``'s parameter, in :func:`compute_dtype` of its gradient."""
         factors = self._factors.get(slot.key)
         n, m = wire.matrix_dims(tuple(slot.grad.shape))
         rank = wire.effective_rank(self.spec, tuple(slot.grad.shape))
-        if factors is None or factors.q.shape != (m, rank):
-            q = seeded_normal((m, rank), self.spec.seed, slot.key, dtype=slot.grad.dtype, device=slot.grad.device)
+        dtype = compute_dtype(slot.grad.dtype)
+        if factors is None or factors.q.shape != (m, rank) or factors.q.dtype != dtype or factors.q.device != slot.grad.device:
+            q = seeded_normal((m, rank), self.spec.seed, slot.key, dtype=dtype, device=slot.grad.device)
             factors = Factors(q=q)
             self._factors[slot.key] = factors
         return factors
+
+    def replace(self, key: str, factors: Factors) -> Factors | None:
+        """Install a step's new factors for ``key``; return the previous ones (for an undo)."""
+        prior = self._factors.get(key)
+        self._factors[key] = factors
+        return prior
+
+    def restore(self, key: str, prior: Factors | None) -> None:
+        if prior is None:
+            self._factors.pop(key, None)
+        else:
+            self._factors[key] = prior
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -86,8 +100,14 @@ class LowRankCompressor(ErrorFeedbackCompressor):
         self.factors = FactorStore(spec)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "factors": self.factors.state_dict()}
+        state = super().state_dict()  # settles first
+        return {**state, "factors": self.factors.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.factors.load_state_dict(state.get("factors", {}))
+
+    def keep_factors(self, key: str, factors: Factors) -> None:
+        """Make ``factors`` the kept factors of ``key``, undoable until the step is settled."""
+        prior = self.factors.replace(key, factors)
+        self.journal(lambda: self.factors.restore(key, prior))

@@ -37,6 +37,7 @@ from compressors.base import Compressor, ErrorFeedbackCompressor, GradSlot
 from compressors.spec import LOW_RANK, CompressorSpec
 
 _CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _ratio(lost_sq: float, total_sq: float) -> float:
@@ -80,13 +81,17 @@ class ErrorMeter:
         started = time.perf_counter()
         with torch.no_grad():
             feedback = isinstance(compressor, ErrorFeedbackCompressor)
-            residuals = compressor.residuals() if feedback else {}
+            # The committed residuals e_old, read without settling: the step is in flight and
+            # its state may still be undone (a non-finite step), which settling would forbid.
+            residuals = compressor.memory.peek() if isinstance(compressor, ErrorFeedbackCompressor) else {}
             warm = compressor.steps_done < compressor.spec.warmup_steps
             cast = _CASTS.get(compressor.name)
             sums = self._sums
             sums.warm = sums.warm or warm
             for slot in slots:
                 grad = slot.grad.detach().reshape(-1)
+                if grad.dtype in _HALF:  # sums of squares in fp32 (fp16 would overflow), as residuals are kept
+                    grad = grad.float()
                 residual = residuals.get(slot.key)
                 x_sq = torch.dot(grad, grad)
                 if residual is not None and not warm and residual.numel() == grad.numel():
@@ -101,7 +106,8 @@ class ErrorMeter:
                 elif compressed and feedback:
                     sums.keys.append(slot.key)  # its residual after encoding is x − C(x)
                 if self._sampling and slot.grad.dim() >= 2:
-                    self._pending_sample.append(slot.grad.detach().clone())
+                    kept = torch.float32 if slot.grad.dtype in _HALF else slot.grad.dtype  # svdvals needs it
+                    self._pending_sample.append(slot.grad.detach().to(dtype=kept, copy=True))
         self.seconds += time.perf_counter() - started
 
     def step_done(self, compressor: Compressor) -> None:
@@ -110,7 +116,7 @@ class ErrorMeter:
         with torch.no_grad():
             lost = list(sums.lost_sq)
             if sums.keys and isinstance(compressor, ErrorFeedbackCompressor):
-                residuals = compressor.residuals()
+                residuals = compressor.memory.peek()
                 lost += [torch.dot(residuals[k].reshape(-1), residuals[k].reshape(-1)) for k in sums.keys if k in residuals]
             total = float(torch.stack(sums.total_sq).double().sum()) if sums.total_sq else 0.0
             lost_sq = float(torch.stack(lost).double().sum()) if lost else 0.0
@@ -126,6 +132,12 @@ class ErrorMeter:
         self._sampling = False
         self.steps += 1
         self.seconds += time.perf_counter() - started
+
+    def discard_step(self) -> None:
+        """Forget a step that was undone (non-finite on some rank): it measured nothing, and a
+        requested sample is taken from the next step instead."""
+        self._sums, self._pending_sample = _StepSums(), []
+        self.last = None
 
     def request_sample(self) -> None:
         """Keep the next step's gradient matrices (call between steps)."""

@@ -4,10 +4,11 @@ Per bucket, for every compressed tensor with residual e:
 
 1. p = g + e                               (in the residual buffer)
 2. c = (‖p‖₁ / numel) · sign(p)  (sign(0) := +1, so one bit suffices); e ← p − c
-3. one all-gather of [scales (fp32) | uncompressed tensors (fp32) | packed sign bits] as bytes
+3. one all-gather of [scales | uncompressed tensors | packed sign bits] as bytes, the floats
+   in the gradients' dtype (residuals and the decode in fp32 for 16-bit gradients)
 4. gradient ← Σ_ranks scale_r · sign_r / N
 
-Bytes per step: ceil(numel/8) + 4 per tensor. Signs cannot be summed, hence the all-gather.
+Bytes per step: ceil(numel/8) + one element per tensor. Signs cannot be summed, hence the all-gather.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from compressors.base import AllGather, BucketJob, ErrorFeedbackCompressor, GradSlot
+from compressors.base import AllGather, BucketJob, ErrorFeedbackCompressor, GradSlot, compute_dtype
 from compressors.fusion import split_slots
 
 _SHIFTS_CACHE: dict[torch.device, torch.Tensor] = {}
@@ -36,28 +37,34 @@ def pack_bits(positive: torch.Tensor, out: torch.Tensor) -> None:
     torch.sum(padded.view(-1, 8) << _shifts(positive.device), dim=1, dtype=torch.uint8, out=out)
 
 
-def unpack_signs(packed: torch.Tensor, count: int) -> torch.Tensor:
-    """(..., nbytes) uint8 → (..., count) float of ±1."""
+def unpack_signs(packed: torch.Tensor, count: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(..., nbytes) uint8 → (..., count) ``dtype`` of ±1."""
     bits = (packed.unsqueeze(-1) >> _shifts(packed.device)) & 1
     bits = bits.flatten(-2)[..., :count]
-    return bits.to(torch.float32).mul_(2).sub_(1)
+    return bits.to(dtype).mul_(2).sub_(1)
 
 
 class EFSignSGD(ErrorFeedbackCompressor):
     def encode_decode(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
         compressed, plain = split_slots(slots, self.compresses)
+        wire_dtype, dtype = buffer.dtype, compute_dtype(buffer.dtype)
+        element = wire_dtype.itemsize
         sign_bytes = [math.ceil(slot.grad.numel() / 8) for slot in compressed]
         float_count = len(compressed) + sum(slot.grad.numel() for slot in plain)
-        # fp32 fields first, so their byte offsets stay 4-aligned.
-        payload = torch.empty(4 * float_count + sum(sign_bytes), dtype=torch.uint8, device=buffer.device)
-        floats = payload[: 4 * float_count].view(torch.float32)
+        # Float fields (in the gradients' dtype) first, so their byte offsets stay aligned.
+        payload = torch.empty(element * float_count + sum(sign_bytes), dtype=torch.uint8, device=buffer.device)
+        floats = payload[: element * float_count].view(wire_dtype)
         scales = floats[: len(compressed)]
-        offset = 4 * float_count
+        offset = element * float_count
+        ps = []
         for index, (slot, nbytes) in enumerate(zip(compressed, sign_bytes)):
-            p = self.memory.accumulate(slot.key, slot.grad.view(-1))
+            p = self.memory.accumulate(slot.key, slot.grad.view(-1), dtype)
+            ps.append(p)
             scale = p.abs().mean()
             positive = p >= 0
             scales[index] = scale
+            if wire_dtype != dtype:  # the scale as it travels, so error feedback keeps its rounding
+                scale = scales[index].to(dtype)
             pack_bits(positive, payload[offset : offset + nbytes])
             # e ← p − scale·sign(p), in place.
             p.sub_(positive.to(p.dtype).mul_(2 * scale).sub_(scale))
@@ -70,16 +77,23 @@ class EFSignSGD(ErrorFeedbackCompressor):
 
         gathered = yield AllGather(payload)  # (N, len) uint8
 
-        # reshape(-1) makes the rows one contiguous run, so the bytes can be read as fp32.
-        all_floats = gathered[:, : 4 * float_count].reshape(-1).view(torch.float32).view(world_size, float_count)
-        weights = all_floats[:, : len(compressed)] / world_size  # (N, tensors)
-        offset = 4 * float_count
+        # reshape(-1) makes the rows one contiguous run, so the bytes can be read as floats.
+        all_floats = gathered[:, : element * float_count].reshape(-1).view(wire_dtype).view(world_size, float_count)
+        self.observe(all_floats)  # every rank's scales and uncompressed tensors
+        weights = all_floats[:, : len(compressed)].to(dtype) / world_size  # (N, tensors)
+        offset = element * float_count
         for index, (slot, nbytes) in enumerate(zip(compressed, sign_bytes)):
-            signs = unpack_signs(gathered[:, offset : offset + nbytes], slot.grad.numel())  # (N, numel)
-            torch.mv(signs.t(), weights[:, index], out=slot.grad.view(-1))
+            signs = unpack_signs(gathered[:, offset : offset + nbytes], slot.grad.numel(), dtype)  # (N, numel)
+            out = slot.grad.view(-1)
+            if out.dtype == dtype:
+                torch.mv(signs.t(), weights[:, index], out=out)
+            else:
+                out.copy_(torch.mv(signs.t(), weights[:, index]))
             offset += nbytes
         float_offset = len(compressed)
         for slot in plain:
             size = slot.grad.numel()
             torch.mean(all_floats[:, float_offset : float_offset + size], dim=0, out=slot.grad.view(-1))
             float_offset += size
+        for slot, p in zip(compressed, ps):
+            self.keep_residual(slot.key, p)

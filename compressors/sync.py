@@ -4,13 +4,18 @@ It owns what is common to all compressors (design.md §7): registering the hook,
 DDP bucket into per-parameter slots, driving the compressor's collectives asynchronously
 (chained futures, so buckets pipeline with backward and each bucket is decoded as soon as
 its collective completes), timing, byte counting, switching at a step boundary, carrying
-error feedback across a switch, and checkpoint state.
+error feedback across a switch, and checkpoint state. It also guards what real training
+hands it: a per-step handshake that catches a switch made on some ranks only
+(``compressors.handshake``), settling each step so a non-finite (AMP overflow) step leaves
+no state behind, rank-checked and one-file checkpoints (``compressors.checkpoint``), and a
+warning when a compressor would compress none of the model's gradients.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable
 
@@ -18,9 +23,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from compressors import checkpoint, handshake
 from compressors.base import AllReduce, BucketJob, Collective, Compressor, GradSlot, from_spec
 from compressors.quality import ErrorMeter
 from compressors.spec import ROUNDS_PER_STEP, spec_from_dict, spec_to_dict
+from compressors.wire import why_nothing_compressed
 
 #: Most dependent collective rounds a compressor may use per bucket and step (PowerSGD: 2).
 MAX_ROUNDS = max(ROUNDS_PER_STEP.values())
@@ -30,6 +37,10 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 class GradientSyncError(RuntimeError):
     """A compressor failed inside the communication hook; raised from ``backward()``."""
+
+
+class NothingCompressedWarning(UserWarning):
+    """A lossy compressor would send every gradient of the model uncompressed."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,10 @@ class StepRecord:
     decompress_s: float = 0.0
     _open: int = field(default=0, repr=False)
     _handed_last: bool = field(default=False, repr=False)
+    _gate: handshake.StepGate = field(default_factory=handshake.StepGate.opened, repr=False)
+    #: Residuals carried over a switch and added in this step: put back if the step is non-finite.
+    _carried: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+    _results_finite: list[torch.Tensor] | None = field(default=None, repr=False)
 
 
 class _OrderedRound:
@@ -108,6 +123,7 @@ class GradientSync:
     """
 
     def __init__(self, compressor: Compressor, process_group: dist.ProcessGroup | None = None, *, pipelining: bool = True) -> None:
+        _require_compressor(compressor, "GradientSync()")
         self._compressor = compressor
         #: False holds every bucket until backward has handed over the last one, then sends
         #: them all: the "pipelining off" ablation of the paper (communication never overlaps
@@ -124,11 +140,19 @@ class GradientSync:
         self._last: StepRecord | None = None
         self._error: BaseException | None = None
         self._bucket_seq = 0
+        #: The handshake and every bucket's first round go on a group of their own: they are
+        #: launched once the handshake completes, possibly after DDP issued its own collectives
+        #: (find_unused_parameters' used-map all-reduce) on the model's group.
+        self._first_round_group: dist.ProcessGroup | None = None
         self._later_rounds: list[_OrderedRound] = []
         #: Called with each finished StepRecord (from whichever thread finished it).
         self.on_step: Callable[[StepRecord], None] | None = None
-        #: Set to measure the running compressor's relative error every step (issue 14).
+        #: Set to measure the running compressor's relative error every step (compressors.quality).
         self.error_meter: ErrorMeter | None = None
+        #: Switches applied (and checkpoints loaded) so far: part of the per-step handshake.
+        self._switches = 0
+        self._shapes: list[tuple[int, ...]] | None = None
+        self._warned: set[str] = set()
 
     # -- public API ------------------------------------------------------------------
     @property
@@ -150,9 +174,13 @@ class GradientSync:
         ``install()`` calls it; call it yourself only to drive :meth:`hook` without DDP
         (benchmarks do). Collective when the world has more than one rank.
         """
-        self._names = {param.data_ptr(): name for name, param in named_parameters if param.requires_grad}
+        trained = [(name, param) for name, param in named_parameters if param.requires_grad]
+        self._names = {param.data_ptr(): name for name, param in trained}
+        self._shapes = [tuple(param.shape) for _, param in trained]
+        self._first_round_group = self._new_group()
         self._later_rounds = [_OrderedRound(self._new_group()) for _ in range(MAX_ROUNDS - 1)]
         self._bucket_seq = 0
+        self._warn_if_nothing_compressed(self._compressor)
         return self
 
     def hook(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -160,14 +188,17 @@ class GradientSync:
         return self._on_bucket(bucket)
 
     def _new_group(self) -> dist.ProcessGroup | None:
-        """A process group over the same ranks (collective: every rank calls install())."""
+        """A process group over the same ranks, with the same timeout (collective: every rank calls install())."""
         if dist.get_world_size(self.process_group) == 1:
             return self.process_group
-        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-        return dist.new_group(ranks=ranks, backend=dist.get_backend(self.process_group))
+        ranks = dist.get_process_group_ranks(self._group())
+        return dist.new_group(ranks=ranks, backend=dist.get_backend(self.process_group), timeout=_timeout_of(self._group()))
 
     def switch(self, compressor: Compressor) -> None:
-        """Use ``compressor`` from the next backward on. Call on every rank between the same steps."""
+        """Use ``compressor`` from the next backward on. Call on every rank between the same steps
+        (the next step's handshake raises on every rank, before any payload is sent, if not)."""
+        _require_compressor(compressor, "switch()")
+        self._warn_if_nothing_compressed(compressor)
         self._pending = compressor
 
     def stats(self) -> SyncStats:
@@ -196,21 +227,66 @@ class GradientSync:
             for key, residual in self._compressor.residuals().items():
                 residual = residual.detach().cpu()
                 carry[key] = carry[key] + residual.view_as(carry[key]) if key in carry else residual.clone()
+        rank, world_size = self._rank_and_world()
         return {
             "spec": spec_to_dict(compressor.spec),
             "compressor": compressor.state_dict(),
             "carry": carry,
             "stats": asdict(self.stats()),
+            "rank": rank,
+            "world_size": world_size,
         }
 
+    def full_state_dict(self, dst: int = 0) -> dict[str, Any] | None:
+        """Every rank's :meth:`state_dict` in one object, on rank ``dst`` (None on the others).
+
+        Collective: call it on every rank. For the usual pattern, one file saved by rank 0::
+
+            state = sync.full_state_dict()
+            if rank == 0:
+                torch.save(state, "sync.pt")
+            ...
+            sync.load_state_dict(torch.load("sync.pt", weights_only=False))   # every rank
+        """
+        mine = self.state_dict()
+        rank, world_size = self._rank_and_world()
+        if world_size == 1:
+            return checkpoint.full_state([mine])
+        parts: list[dict[str, Any]] | None = [{} for _ in range(world_size)] if rank == dst else None
+        dist.gather_object(mine, parts, dst=dist.get_global_rank(self._group(), dst), group=self.process_group)
+        return checkpoint.full_state(parts) if parts is not None else None
+
     def load_state_dict(self, state: dict[str, Any], *, device: torch.device | None = None) -> None:
-        """Restore a :meth:`state_dict`; the compressor in force becomes the saved one."""
+        """Restore a :meth:`state_dict` (this rank's own, or folded) or a :meth:`full_state_dict`
+        (this rank takes its part, or the fold of all parts if the world size changed); the
+        compressor in force becomes the saved one. Another rank's state raises ``ValueError``."""
+        rank, world_size = self._rank_and_world()
+        state = checkpoint.state_for_rank(state, rank, world_size)
         compressor = from_spec(spec_from_dict(state["spec"]))
         compressor.load_state_dict(_to_device(state["compressor"], device))
         self._compressor, self._pending = compressor, None
         self._carry = {key: value.to(device) if device else value for key, value in state.get("carry", {}).items()}
         with self._lock:
             self._stats = SyncStats(**state.get("stats", {}))
+        self._switches += 1
+        self._warn_if_nothing_compressed(compressor)
+
+    def _group(self) -> dist.ProcessGroup:
+        return self.process_group or dist.group.WORLD
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        if not dist.is_initialized():
+            return 0, 1
+        return dist.get_rank(self.process_group), dist.get_world_size(self.process_group)
+
+    def _warn_if_nothing_compressed(self, compressor: Compressor) -> None:
+        """Warn once per compressor label when it would send every gradient uncompressed."""
+        if self._shapes is None or compressor.label in self._warned:
+            return
+        reason = why_nothing_compressed(compressor.spec, self._shapes)
+        if reason is not None:
+            self._warned.add(compressor.label)
+            warnings.warn(f"{reason}; every gradient travels as plain all-reduce", NothingCompressedWarning, stacklevel=3)
 
     # -- the hook ----------------------------------------------------------------------
     def _on_bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -240,6 +316,7 @@ class GradientSync:
                 carried = self._carry.pop(slot.key, None)
                 if carried is not None:
                     slot.grad.add_(carried.view_as(slot.grad))
+                    record._carried[slot.key] = carried
             if self.error_meter is not None:  # before encoding: ‖g + e_old‖ (compressors.quality)
                 self.error_meter.bucket(slots, self._compressor)
             world_size = dist.get_world_size(self.process_group)
@@ -249,7 +326,7 @@ class GradientSync:
             return result
         if bucket.is_last():
             self._compressor.end_step()
-        flight = _Flight(seq, bucket.index())
+        flight = _Flight(seq, bucket.index(), record._gate)
         start = lambda: self._advance(job, None, result, buffer, record, flight)  # noqa: E731
         if self.pipelining:
             start()
@@ -268,7 +345,37 @@ class GradientSync:
             for key, residual in self._compressor.take_residuals().items():
                 self._carry[key] = residual
             self._compressor, self._pending = self._pending, None
-        self._current = StepRecord(compressor=self._compressor.label, first_bucket_at=now)
+            self._switches += 1
+        self._current = record = StepRecord(compressor=self._compressor.label, first_bucket_at=now)
+        if self._carry:  # a step that adds carried residuals must know if it was finite
+            record._results_finite = []
+        if dist.get_world_size(self.process_group) > 1:
+            record._gate = self._start_handshake()
+
+    def _start_handshake(self) -> handshake.StepGate:
+        """Launch this step's fingerprint all-gather; its gate opens (or fails) when it completes."""
+        gate = handshake.StepGate()
+        mine = handshake.fingerprint(self._compressor.spec, self._switches)
+        try:
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.process_group) == "nccl" else None
+            mine = mine.to(device) if device is not None else mine
+            gathered = torch.empty(dist.get_world_size(self.process_group) * mine.numel(), dtype=torch.uint8, device=mine.device)
+            work = _all_gather_single(gathered, mine, group=self._first_round_group, async_op=True)
+        except BaseException as exc:  # noqa: BLE001 - every bucket of the step fails with it
+            gate.open(exc)
+            return gate
+
+        def on_done(done: torch.futures.Future) -> None:
+            try:
+                done.value()
+                problem = handshake.mismatch(gathered)
+            except BaseException as exc:  # noqa: BLE001
+                gate.open(exc)
+                return
+            gate.open(None if problem is None else GradientSyncError(problem))
+
+        work.get_future().then(on_done)
+        return gate
 
     def _slots(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> list[GradSlot]:
         slots: list[GradSlot] = []
@@ -337,7 +444,14 @@ class GradientSync:
             future.then(on_done)
 
         if round_index == 0:
-            launch(self.process_group)
+            def go(error: BaseException | None) -> None:
+                if error is None:
+                    launch(self._first_round_group)
+                else:
+                    job.close()
+                    self._fail(result, record, error, flight)
+
+            flight.gate.submit(go)
         else:
             self._later_rounds[round_index - 1].submit(flight.seq, launch)
 
@@ -369,6 +483,8 @@ class GradientSync:
 
     def _finish(self, result: torch.futures.Future, record: StepRecord, buffer: torch.Tensor, flight: "_Flight") -> None:
         self._release_later_rounds(flight)
+        if record._results_finite is not None:
+            record._results_finite.append(torch.isfinite(buffer).all())
         with self._lock:
             record._open -= 1
             step_done = record._handed_last and record._open == 0
@@ -376,8 +492,12 @@ class GradientSync:
                 record.done_at = time.perf_counter()
                 self._stats = replace(self._stats, steps=self._stats.steps + 1)
         if step_done:
+            finite = self._settle(record)
             if self.error_meter is not None:  # after the last bucket: ‖e_new‖ (compressors.quality)
-                self.error_meter.step_done(self._compressor)
+                if finite:
+                    self.error_meter.step_done(self._compressor)
+                else:  # an undone step measured nothing
+                    self.error_meter.discard_step()
             self._last = record
             if self.on_step is not None:
                 self.on_step(record)
@@ -394,6 +514,34 @@ class GradientSync:
         result.set_exception(error)
 
 
+    def _settle(self, record: StepRecord) -> bool:
+        """The step's buckets are all done: the compressor keeps or undoes the step's state, and
+        residuals carried into a non-finite step are carried again into the next one. Returns
+        whether the step was finite on every rank."""
+        finite = self._compressor.settle()
+        if record._results_finite:
+            finite = finite and bool(torch.stack(record._results_finite).all())
+        if not finite:
+            self._carry.update(record._carried)
+        return finite
+
+
+def _timeout_of(group: dist.ProcessGroup):  # type: ignore[no-untyped-def]
+    """The group's collective timeout (so a peer's failure ends our rounds as soon as the user's group)."""
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return None
+
+
+def _require_compressor(value: Any, where: str) -> None:
+    if not isinstance(value, Compressor):
+        hint = f" (build({value!r}) makes one)" if isinstance(value, str) else ""
+        raise TypeError(f"compressor: {where} needs a Compressor from compressors.build(), got {type(value).__name__} {value!r}{hint}")
+
+
 def _unwrap(future: torch.futures.Future) -> torch.Tensor:
     return future.value()
 
@@ -404,6 +552,7 @@ class _Flight:
 
     seq: int  # position of this bucket among all buckets since install(): same on every rank
     bucket_index: int
+    gate: handshake.StepGate = field(default_factory=handshake.StepGate.opened)  # the step's handshake
     rounds: int = 0  # collectives issued so far
 
 

@@ -8,13 +8,9 @@ A checkpoint is one directory (Ray Train merges every worker's files into it):
   residuals are per rank) and its RNG states.
 - ``meta.json`` (rank 0): step and world size, readable without torch.
 
-**World-size change** (elastic scaling or a restart on fewer/more workers): error feedback is
-the part of the *mean* gradient that compression has not yet delivered, so what must survive
-is the mean of the old ranks' residuals. Every new rank starts with that mean as its
-residual; the next step's all-reduce then delivers it exactly once (the mean over new ranks
-of identical residuals is that mean). The low-rank factors and ACP-SGD's parity are the same
-on every old rank (they are results of all-reduces), so rank 0's are kept; new ranks would
-get the same seeded start anyway.
+**World-size change** (elastic scaling or a restart on fewer/more workers): the old ranks'
+states are folded into one that fits every new rank (``compressors.checkpoint.fold_sync_states``:
+the mean of the residuals, rank 0's factors; the reasoning is in that module's doc).
 """
 
 from __future__ import annotations
@@ -26,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from compressors.checkpoint import fold_sync_states
 
 TRAINER_FILE = "trainer.pt"
 META_FILE = "meta.json"
@@ -65,27 +63,3 @@ def load_sync_state(directory: Path, rank: int, world_size: int) -> dict[str, An
         return torch.load(directory / rank_file(rank), weights_only=False)["sync"]
     states = [torch.load(directory / rank_file(r), weights_only=False)["sync"] for r in range(old_world)]
     return fold_sync_states(states)
-
-
-def fold_sync_states(states: list[dict[str, Any]]) -> dict[str, Any]:
-    """One GradientSync state for a new world from the old ranks' states (see module doc)."""
-    base = dict(states[0])
-    compressor = dict(base["compressor"])
-    if "memory" in compressor:
-        compressor["memory"] = _mean_by_key([s["compressor"].get("memory", {}) for s in states])
-    base["compressor"] = compressor
-    base["carry"] = _mean_by_key([s.get("carry", {}) for s in states])
-    return base
-
-
-def _mean_by_key(dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Mean over ranks per key; a rank without a key contributes zero for it."""
-    keys = {key for d in dicts for key in d}
-    out: dict[str, torch.Tensor] = {}
-    for key in keys:
-        present = [d[key] for d in dicts if key in d]
-        total = torch.zeros_like(present[0])
-        for value in present:
-            total += value.view_as(total)
-        out[key] = total / len(dicts)
-    return out
