@@ -7,16 +7,15 @@ STAMP := $(VENV)/.installed
 SYSTEM_STAMP := .gradwire/.system-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps test test-fast demo bench clean
+.PHONY: setup system-deps lint test test-fast demo bench clean
 
 setup: $(STAMP)
 
-# CPU torch comes from this machine's wheel (torch==2.13.0); a bare `torch` would pull a CUDA build.
+# CPU torch: pyproject.toml's `cpu` extra pins it (a bare `torch` would pull a CUDA build).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[cpu,test]'
 	@touch $(STAMP)
 
 # Prometheus and Chromium (Debian packages) for the service and browser tests.
@@ -33,7 +32,12 @@ $(SYSTEM_STAMP):
 	fi
 	@touch $(SYSTEM_STAMP)
 
-test: setup system-deps
+# Lint and types first (seconds), then the suite.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: setup system-deps lint
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 test-fast: setup

@@ -44,9 +44,9 @@ Needs root (network namespaces); every timed run holds ``/tmp/gradwire-bench.loc
 from __future__ import annotations
 
 import argparse
-import math
 import fcntl
 import json
+import math
 import os
 import random
 import resource

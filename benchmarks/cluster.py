@@ -64,10 +64,25 @@ if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.adaptive import (  # noqa: E402
-    LOCK_PATH, Phase, bench_lock, boundaries, cap_gso, foreign_load, parse_schedule, wait_for_quiet,
+    LOCK_PATH,
+    Phase,
+    bench_lock,
+    boundaries,
+    cap_gso,
+    foreign_load,
+    parse_schedule,
+    wait_for_quiet,
 )
 from benchmarks.testbed import (  # noqa: E402
-    Testbed, TestbedError, _alive, _kill_pids, _pids_in, _sh, cleanup_stale, set_link_rate, worker_env,
+    Testbed,
+    TestbedError,
+    _alive,
+    _kill_pids,
+    _pids_in,
+    _sh,
+    cleanup_stale,
+    set_link_rate,
+    worker_env,
 )
 from coordinator import raylocal  # noqa: E402
 from coordinator.client import ApiError, Client  # noqa: E402

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.methods:
                 old = before_sync.GradientSync(before_base.build(name, **cc.method_params(name, rank)))
                 old.bind((f"param{index}", param) for index, param in enumerate(workload.params))
-                cases[f"{name}/before"] = cc.Case(workload, lambda sync=old: cc.run_step(workload, sync.hook), old)
+                cases[f"{name}/before"] = cc.Case(workload, lambda sync=old, workload=workload: cc.run_step(workload, sync.hook), old)
                 cases[f"{name}/after"] = cc.make_case(workload, name)
             load: dict[str, float] = {}
             with foreign_load(load):

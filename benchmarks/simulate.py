@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -384,8 +383,8 @@ def _links_by_setting(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[int, floa
     for row in rows:
         if row.get("link"):
             groups.setdefault((row["workers"], row["mbit"]), []).append(row["link"])
-    return {key: Link(alpha=statistics.median(l["alpha_s"] for l in group),
-                      beta=statistics.median(l["beta_s_per_byte"] for l in group))
+    return {key: Link(alpha=statistics.median(link["alpha_s"] for link in group),
+                      beta=statistics.median(link["beta_s_per_byte"] for link in group))
             for key, group in groups.items()}
 
 

@@ -27,7 +27,16 @@ from typing import Sequence
 import torch
 
 from compressors.base import AllReduce, BucketJob, GradSlot, compute_dtype
-from compressors.fusion import FusedBuffer, from_wire, mm_into, pack_uncompressed, round_to, split_slots, to_wire, unpack_mean
+from compressors.fusion import (
+    FusedBuffer,
+    from_wire,
+    mm_into,
+    pack_uncompressed,
+    round_to,
+    split_slots,
+    to_wire,
+    unpack_mean,
+)
 from compressors.lowrank import Factors, LowRankCompressor, orthonormal_columns
 
 P_STEP, Q_STEP = 0, 1

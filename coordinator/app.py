@@ -20,14 +20,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from coordinator.api import dashboard, health, jobs, metrics, policy, worker
 from coordinator.accesslog import tune_access_log
+from coordinator.api import dashboard, health, jobs, metrics, policy, worker
 from coordinator.auth import check_bind
 from coordinator.datadir import DataDirLock
 from coordinator.fastpath import TelemetryFastPath
-from coordinator.openapi import openapi_document
 from coordinator.launcher import Launcher, make_launcher
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.openapi import openapi_document
 from coordinator.service import Conflict, Forbidden, InvalidSpec, JobNotFound, JobService
 from coordinator.settings import Settings
 from coordinator.store import Store, StoreUnavailable
@@ -121,8 +121,11 @@ def create_app(settings: Settings | None = None, *, launcher: Launcher | None = 
     launcher = launcher or make_launcher(settings)
     job_metrics = CoordinatorMetrics(store.counts_by_state, settings.metrics_grace_s)
     supervisor_box: list[Supervisor] = []
-    service = JobService(store, job_metrics, launcher, settings, clock=clock,
-                         on_submit=lambda: supervisor_box and supervisor_box[0].wake())
+    def wake_supervisor() -> None:
+        if supervisor_box:
+            supervisor_box[0].wake()
+
+    service = JobService(store, job_metrics, launcher, settings, clock=clock, on_submit=wake_supervisor)
     supervisor = Supervisor(service, launcher, settings.poll_interval_s)
     supervisor_box.append(supervisor)
 

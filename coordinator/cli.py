@@ -67,7 +67,7 @@ def serve(
     from coordinator.auth import InsecureBindError, check_bind
     from coordinator.settings import Settings
 
-    overrides = {"host": host, "port": port, "ray_address": ray_address}
+    overrides: dict[str, Any] = {"host": host, "port": port, "ray_address": ray_address}
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
@@ -187,7 +187,8 @@ def demo(
     from coordinator.demo import run_demo
     from coordinator.settings import Settings
 
-    settings = Settings(**({"port": port} if port else {}))
+    chosen: dict[str, Any] = {"port": port} if port else {}
+    settings = Settings(**chosen)
     try:
         code = run_demo(settings, keep=keep, steps=steps, console=console)
     except (ApiError, RuntimeError, TimeoutError) as exc:

@@ -71,7 +71,7 @@ class Client:
             if r.status_code >= 400:
                 r.read()
                 raise ApiError(r.status_code, r.json().get("detail", r.text))
-            event, data = "message", []
+            event, data = "message", list[str]()
             for line in r.iter_lines():
                 if line == "":
                     if data:

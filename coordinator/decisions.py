@@ -27,6 +27,7 @@ from coordinator.schemas import DecisionRecord, PinnedPolicy
 from workers.adaptive import policy_config, policy_measurements, step_profile
 from workers.protocol import CompressionConfig, ModelProfile, Telemetry
 
+
 @dataclass(frozen=True)
 class _JobPolicy:
     """Per job: the policy's own state and the cost-model profile built from the worker's."""

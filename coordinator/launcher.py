@@ -48,7 +48,8 @@ class RunStatus:
 class Launcher(Protocol):
     """What the supervisor needs from a job runner (Ray here; a fake in tests)."""
 
-    status: str
+    @property
+    def status(self) -> str: ...
 
     def connect(self) -> None: ...
     def validate(self, config: TrainConfig) -> str | None: ...

@@ -67,7 +67,7 @@ def use_token_auth() -> None:
         # Ray reads the mode when it is imported; re-read it the way Ray's own local
         # ray.init() does after turning token auth on (Config is internal, hence the guard).
         try:
-            from ray._raylet import Config
+            from ray._raylet import Config  # type: ignore[attr-defined]
 
             Config.initialize("")
         except (ImportError, AttributeError):  # pragma: no cover - another Ray version

@@ -23,7 +23,6 @@ from compressors.spec import COMPRESSOR_NAMES, make_spec
 from workers.protocol import (
     DATASET_NAMES,
     MODEL_NAMES,
-    CompressionConfig,
     JobFields,
     ModelProfile,
     Telemetry,

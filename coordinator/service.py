@@ -11,7 +11,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from coordinator.auth import new_job_token, token_matches
 from coordinator.decisions import DecisionLoop
@@ -124,7 +124,7 @@ class JobService:
         """Record a terminal state (from cancel, the supervisor or reconciliation)."""
         with self._lock:
             now = self._clock()
-            columns = {"summary": summary} if summary is not None else {}
+            columns: dict[str, Any] = {"summary": summary} if summary is not None else {}
             if summary:
                 columns.update(_summary_columns(summary))
             try:

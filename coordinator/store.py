@@ -142,7 +142,7 @@ _REPORT_COLUMNS = ("state", "reason", "started_at", "updated_at", "reported_at",
 _JOBS = JobRow.__table__
 _REPORT_UPDATE = (
     _JOBS.update().where(_JOBS.c.id == bindparam("p_job_id"))  # type: ignore[attr-defined]
-    .values({name: bindparam(f"p_{name}") for name in _REPORT_COLUMNS} | {"report_seq": _JOBS.c.report_seq + 1})  # type: ignore[attr-defined]
+    .values({name: bindparam(f"p_{name}") for name in _REPORT_COLUMNS} | {"report_seq": _JOBS.c.report_seq + 1})
 )
 _PROFILE_UPDATE = _JOBS.update().where(_JOBS.c.id == bindparam("p_job_id")).values(profile=bindparam("p_profile"))  # type: ignore[attr-defined]
 
@@ -463,8 +463,9 @@ class Store:
                 self._add_decision(s, job_id, decision)
                 values["decision_version"] = decision.version
             profile = values.pop("profile", None)
-            new = replace(job, report_seq=job.report_seq + 1, **values,
-                          **({"profile": ModelProfile.model_validate(profile)} if profile else {}))
+            if profile:
+                values["profile"] = ModelProfile.model_validate(profile)
+            new = replace(job, report_seq=job.report_seq + 1, **values)
             params = {f"p_{name}": getattr(new, name) for name in _REPORT_COLUMNS}
             s.connection().execute(_REPORT_UPDATE, {"p_job_id": job_id, **params})
             if profile:

@@ -31,7 +31,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from coordinator.console import compressor as compressor_label, num
+from coordinator.console import compressor as compressor_label
+from coordinator.console import num
 
 console = Console()
 err_console = Console(stderr=True)

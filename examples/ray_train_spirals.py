@@ -15,15 +15,14 @@ import os
 import tempfile
 from pathlib import Path
 
-import torch
-from torch import nn
-from torch.utils.data import DataLoader
-
 import ray
 import ray.train
 import ray.train.torch
+import torch
 from ray.train import Checkpoint, ScalingConfig
 from ray.train.torch import TorchTrainer
+from torch import nn
+from torch.utils.data import DataLoader
 
 import gradwire.ray  # gradwire
 

@@ -63,9 +63,10 @@ def ray_session(ray_head: str) -> Iterator[str]:
 def start_coordinator(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Factory: ``start_coordinator(token=None, **settings)`` -> a started ThreadServer with
     ``.url`` and ``.app``; record-only launcher unless told otherwise. Stopped at teardown."""
+    from support.servers import ThreadServer
+
     from coordinator.app import create_app
     from coordinator.settings import Settings
-    from support.servers import ThreadServer
 
     servers: list[ThreadServer] = []
 
@@ -97,7 +98,6 @@ def serve(ray_head: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     import uuid
 
     import httpx
-
     from support.api import TERMINAL
     from support.servers import CoordinatorProcess
 

@@ -36,19 +36,18 @@ from torch.nn.parallel import DistributedDataParallel
 from compressors import GradientSync
 from compressors.base import GradSlot, from_spec, run_in_lockstep
 from compressors.costmodel import build_bucket_layout, codec_work
-from compressors.spec import CompressorSpec, make_spec, spec_to_dict
+from compressors.spec import make_spec, spec_to_dict
 from workers import checkpoint as ckpt
+from workers.adaptive import decision_for
 from workers.control import (
     CallbackSink,
     CoordinatorClient,
     DecisionSource,
     FixedDecision,
     InProcessPolicy,
-    ListSink,
     SwitchAgreement,
     TelemetrySink,
 )
-from workers.adaptive import decision_for
 from workers.data import InfiniteLoader, batches_per_epoch, make_loader
 from workers.probe import (
     DEFAULT_SIZES,
@@ -238,7 +237,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
                                          stop_after_s=PROBE_STOP_FACTOR * PROBE_TRANSFER_S))
         # 3. one step, every phase timed
         loss = train_step(ddp, optimizer, loader, timer, device, scheduler, loss_fn=workload.loss_fn)
-        timing = timer.end_step(step, sync.last_step())
+        timer.end_step(step, sync.last_step())
         last = sync.last_step()
         record.step_compressors[step] = last.compressor if last else sync.compressor.label
         loss_value = float(loss.detach())

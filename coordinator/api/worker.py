@@ -10,13 +10,13 @@ validation of the response model (the ``Decision`` was validated when it was bui
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials
 
 from coordinator.api.deps import bearer, get_service, worker_job
+from coordinator.schemas import TelemetryReport
 from coordinator.service import JobService
 from coordinator.store import JobRecord
-from coordinator.schemas import TelemetryReport
 from workers.protocol import Decision
 
 router = APIRouter(prefix="/v1/jobs", tags=["workers"])

@@ -1,7 +1,6 @@
 """The headless Chromium page the browser tests drive."""
 
 import pytest
-
 from support.browser import launch
 
 

@@ -2,7 +2,6 @@
 
 import httpx
 import pytest
-
 from support.api import ADAPTIVE_SPEC, PROFILE, report, submit
 from support.browser import chromium_missing
 from support.servers import REPO_ROOT

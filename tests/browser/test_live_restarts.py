@@ -1,7 +1,6 @@
 """A worker-group restart shows on the live page: in the snapshot and live, as it happens."""
 
 import pytest
-
 from support.api import SMALLEST_SPEC, report, submit
 from support.browser import chromium_missing
 

@@ -19,7 +19,6 @@ import uuid
 
 import httpx
 import pytest
-
 from grafana_model import job_variable_values, load_dashboard, wait_until_all_have_data
 from support.api import ADAPTIVE_SPEC, PROFILE, report, submit
 from support.prometheus import PrometheusServer, prometheus_missing

@@ -15,7 +15,6 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
-
 from grafana_model import REPO_ROOT, load_dashboard
 
 DEPLOY = REPO_ROOT / "deploy"

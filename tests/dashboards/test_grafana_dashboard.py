@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import yaml
-
 from grafana_model import DASHBOARD_JSON, REPO_ROOT, data_panels, job_variable, load_dashboard, queries
 
 GENERATOR = REPO_ROOT / "dashboards" / "generate.py"

@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from coordinator.raylocal import free_port
 from fake_grafana import FakeGrafana, GrafanaState
 from grafana_model import DASHBOARD_JSON, REPO_ROOT
+
+from coordinator.raylocal import free_port
 
 GRAFANA_VENV = REPO_ROOT / ".gradwire" / "venv-grafana"
 #: What `gradwire dashboards push` imports in that environment (the CLI's own imports included).

@@ -70,7 +70,7 @@ def test_policy_moves_to_compression_after_the_link_drops(tmp_path: Path) -> Non
     # reaction to the drop, so it is repeated once.
     run = run_once(tmp_path, 0)
     if early_switches(run):
-        warnings.warn(f"busy machine, repeating: switched before the drop: {early_switches(run)}")
+        warnings.warn(f"busy machine, repeating: switched before the drop: {early_switches(run)}", stacklevel=1)
         run = run_once(tmp_path, 1)
     drop_step = run.rate_changes[0][0]
     switches = run.summary["switches"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from harness import run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compressors import GradientSync, build
-from harness import run_ranks
 
 
 def _grads(rank: int, world: int, name: str, pipelining: bool) -> dict:

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from harness import run_ranks
+
 from workers.probe import LinkEstimate, probe_link
 
 ROOT = Path(__file__).resolve().parents[2]

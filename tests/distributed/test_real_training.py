@@ -25,13 +25,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from harness import run_ranks
+from test_sync import BUCKET_MB, CONFIGS, LOSSY, PROBE_SHAPES, GradProbe, cnn_batch, probe_grads, small_cnn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compressors import GradientSync, build
 from compressors.quality import ErrorMeter
 from compressors.sync import NothingCompressedWarning
-from harness import run_ranks
-from test_sync import BUCKET_MB, CONFIGS, LOSSY, PROBE_SHAPES, GradProbe, cnn_batch, probe_grads, small_cnn
 
 DTYPES = {"fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: Unit roundoff of each dtype (what one rounding can lose, relative).

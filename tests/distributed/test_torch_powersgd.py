@@ -17,11 +17,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from harness import run_ranks
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compressors import GradientSync, build
-from harness import run_ranks
 
 RANK = 4
 START_ITER = 2  # PyTorch's hook needs >= 2 with error feedback or warm start

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from harness import run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compressors import GradientSync, build
-from harness import run_ranks
 
 STEPS = 150
 BATCH = 32

@@ -15,10 +15,10 @@ import time
 
 import httpx
 import pytest
-
-from coordinator import raylocal
 from support.api import SMALLEST_SPEC
 from support.servers import CoordinatorProcess, healthy, wait_for
+
+from coordinator import raylocal
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,10 @@ import math
 
 import pytest
 import ray
+from raytrain_support import config, progress_actor
 
 from compressors import build
 from compressors.spec import make_spec
-from raytrain_support import config, progress_actor
 from workers.protocol import ALL_PHASES, PHASES
 from workers.runner import rank_records, run_job
 

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import ray
 import torch
-
 from raytrain_support import config, progress_actor
+
 from workers import checkpoint as ckpt
 from workers.runner import rank_records, run_job
 

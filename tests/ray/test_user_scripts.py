@@ -15,7 +15,6 @@ import threading
 
 import httpx
 import pytest
-
 from support.api import history_of
 from support.servers import REPO_ROOT, wait_for
 
@@ -93,7 +92,7 @@ def test_a_ray_train_script_with_gradwire_trains_under_the_coordinator_and_follo
 
     ranks = per_rank(output)
     assert sorted(ranks) == [0, 1], output[-3000:]
-    for compressor, switches in ranks.values():  # every worker applied the pin, at the same step
+    for compressor, _switches in ranks.values():  # every worker applied the pin, at the same step
         assert compressor == "powersgd-r2"
     assert len({switches for _, switches in ranks.values()}) == 1 and "'powersgd-r2', 1)" in ranks[0][1]
     metrics = httpx.get(f"{url}/metrics", timeout=5).text

@@ -5,12 +5,12 @@ import sys
 
 import httpx
 import pytest
+from support.api import SMALLEST_SPEC, report, submit, telemetry
+from support.servers import REPO_ROOT
 
 from coordinator.app import create_app
 from coordinator.auth import InsecureBindError
 from coordinator.settings import Settings
-from support.api import SMALLEST_SPEC, report, submit, telemetry
-from support.servers import REPO_ROOT
 
 TOKEN = "s3cret-operator-token"
 UNAUTHORIZED = {"detail": "missing or wrong bearer token"}

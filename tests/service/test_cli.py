@@ -10,12 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.api import SMALLEST_SPEC, report
+from support.servers import REPO_ROOT
 from typer.testing import CliRunner
 
 from coordinator.cli import app
 from coordinator.raylocal import free_port
-from support.api import SMALLEST_SPEC, report
-from support.servers import REPO_ROOT
 
 runner = CliRunner()
 

@@ -4,7 +4,6 @@ import json
 
 import httpx
 import pytest
-
 from support.api import ADAPTIVE_SPEC, ALL_PHASES, PROFILE, SMALLEST_SPEC, report, submit, telemetry, worker_headers
 
 STATUS_FIELDS = {"id", "name", "state", "step", "steps", "loss", "compressor", "rank",
@@ -65,7 +64,7 @@ def test_compression_ratio_needs_the_model_profile(coordinator):
     job = submit(coordinator.url)
     report(coordinator.url, job, 1, profile=PROFILE)
     text = httpx.get(f"{coordinator.url}/metrics").text
-    line = next(l for l in text.splitlines() if l.startswith("gradwire_compression_ratio{"))
+    line = next(row for row in text.splitlines() if row.startswith("gradwire_compression_ratio{"))
     # acpsgd r4 on a 1024x1024 matrix (+ an uncompressed bias): 4 B x 4 x 2048 / 2 per step
     assert line == f'gradwire_compression_ratio{{compressor="acpsgd",job="{job["id"]}"}} ' + str(
         (1024 * 1024 + 1024) / (4 * 1024 + 1024))

@@ -1,8 +1,9 @@
 """Metric bookkeeping: a finished job's series disappear after the grace period."""
 
-from coordinator.metrics import CoordinatorMetrics
 from prometheus_client import generate_latest
 from support.api import telemetry
+
+from coordinator.metrics import CoordinatorMetrics
 from workers.protocol import Telemetry
 
 

@@ -2,7 +2,6 @@
 
 import httpx
 import pytest
-
 from support.api import ADAPTIVE_SPEC, PROFILE, report, submit, worker_headers
 
 

@@ -1,7 +1,6 @@
 """A real Prometheus server scrapes the coordinator and answers PromQL with our series."""
 
 import pytest
-
 from support.api import ALL_PHASES, report, submit
 from support.prometheus import PrometheusServer, prometheus_missing
 

@@ -10,7 +10,6 @@ import time
 
 import httpx
 import pytest
-
 from support.api import ADAPTIVE_SPEC, SMALLEST_SPEC, TERMINAL, job_of, post, wait_state
 from support.servers import wait_for
 

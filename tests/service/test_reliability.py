@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from support.api import SMALLEST_SPEC, submit, telemetry, worker_headers
 from support.servers import REPO_ROOT, CoordinatorProcess, wait_for
 

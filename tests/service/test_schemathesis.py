@@ -14,9 +14,8 @@ from typing import Any, Iterator
 import httpx
 import pytest
 import schemathesis
-from schemathesis import checks
 from hypothesis import HealthCheck, given, settings
-
+from schemathesis import checks
 from support.api import SMALLEST_SPEC
 
 pytestmark = pytest.mark.slow

@@ -2,11 +2,11 @@
 
 import pytest
 from sqlalchemy.exc import IntegrityError
+from support.api import SMALLEST_SPEC
 
 from coordinator.decisions import DecisionLoop
 from coordinator.schemas import JobSpec, TelemetryPoint
 from coordinator.store import InvalidTransition, Store
-from support.api import SMALLEST_SPEC
 
 
 @pytest.fixture

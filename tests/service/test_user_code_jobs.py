@@ -11,7 +11,6 @@ import uuid
 
 import httpx
 import pytest
-
 from support.api import TERMINAL, history_of, job_of, post, wait_state
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,6 @@ import sys
 
 import httpx
 import pytest
-
 from support.api import SMALLEST_SPEC, history_of, job_of, report, submit, telemetry, worker_headers
 
 USER_SPEC = {**SMALLEST_SPEC, "name": "mine", "model": "nowhere_pkg.models:make_model",

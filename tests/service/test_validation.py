@@ -2,7 +2,6 @@
 
 import httpx
 import pytest
-
 from support.api import SMALLEST_SPEC, report, submit, telemetry, worker_headers
 
 

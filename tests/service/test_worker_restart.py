@@ -14,7 +14,6 @@ import signal
 import time
 
 import pytest
-
 from support.api import SMALLEST_SPEC, TERMINAL, history_of, job_of, post, wait_state
 from support.servers import wait_for
 

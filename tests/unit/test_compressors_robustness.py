@@ -14,9 +14,8 @@ import threading
 import pytest
 import torch
 
-from compressors import GradientSync, build
+from compressors import GradientSync, build, handshake
 from compressors import checkpoint as sync_checkpoint
-from compressors import handshake
 from compressors.base import GradSlot, run_in_lockstep
 from compressors.spec import make_spec
 from compressors.wire import why_nothing_compressed, wire_bytes
@@ -102,7 +101,7 @@ def test_a_world_of_one_works_for_every_dtype(name, dtype):
     grads = grads_for(0, 0, dtype)
     grads["odd"] = torch.randn(12).to(dtype)  # top-k keeps 219 values in all: an odd count of 16-bit ones
     compressor = build(name, **CONFIGS[name])
-    for t in range(2):
+    for _ in range(2):
         applied, _ = step([compressor], [grads])
         assert all(g.dtype == dtype and torch.isfinite(g).all() for g in applied[0].values())
 

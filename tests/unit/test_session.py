@@ -7,11 +7,11 @@ import httpx
 import pytest
 import torch
 import torch.distributed as dist
+from support.api import SMALLEST_SPEC, submit
+from support.servers import wait_for
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from support.api import SMALLEST_SPEC, submit
-from support.servers import wait_for
 from workers.protocol import CompressionConfig
 from workers.session import JobLink, compression_config, start
 
