@@ -81,7 +81,7 @@ def measure_links(tb: Testbed, rates: Sequence[float]) -> dict[float, dict[str, 
         tb.set_rate(mbit)
         small = measure_allreduce(tb, nbytes=4096, iters=9, wake_rounds=WAKE_ROUNDS)
         large = measure_allreduce(tb, nbytes=LINK_PROBE_BYTES, iters=3)
-        # Ring all-reduce of b bytes on 2 workers: t = 2α + b·β (acp-sgd.md, "Time model").
+        # Ring all-reduce of b bytes on 2 workers: t = 2α + b·β (docs/cost-model.md).
         # The fastest of the repeats: a late wake-up of either process only ever adds time.
         latency, large_s = min(small.seconds), min(large.seconds)
         links[mbit] = {"bandwidth_bytes_per_second": LINK_PROBE_BYTES / max(1e-9, large_s - latency),

@@ -1,6 +1,6 @@
 """Gradient compressors as PyTorch DDP communication hooks.
 
-Public API (see design.md §2)::
+Public API (see docs/compressors.md, "Public API")::
 
     from compressors import build, GradientSync
     comp = build("acpsgd", rank=4)

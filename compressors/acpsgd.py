@@ -2,7 +2,7 @@
 
 Each step does half a power iteration and all-reduces only one factor, so a bucket's
 collective does not depend on another round: it pipelines with backprop and fuses across
-layers like S-SGD's all-reduce. Per compressed matrix, with residual e (acp-sgd.md):
+layers like S-SGD's all-reduce. Per compressed matrix, with residual e (docs/compressors.md, "ACP-SGD"):
 
 P-step (parity 0)                         Q-step (parity 1)
 1. Q̂ = orth(Q_prev)                        P̂ = orth(P_prev)          (one batched QR per step)

@@ -38,7 +38,7 @@ class GradSlot:
 
     @property
     def matrix(self) -> torch.Tensor:
-        """The ``n × m`` matrix view of the gradient (design.md §2)."""
+        """The ``n × m`` matrix view of the gradient (docs/compressors.md, "The matrix view")."""
         n, m = wire.matrix_dims(tuple(self.grad.shape))
         return self.grad.view(n, m)
 

@@ -3,7 +3,7 @@
 The adaptive policy (run by the coordinator's web process, which never imports torch) and the
 benchmark scale simulator both ask the same question: *how long would a step take with this
 compressor, on this model, over this link?* This module answers it with the α-β time model of
-``acp-sgd.md`` ("Time model"), placed on two servers that each do one thing at a time:
+docs/cost-model.md ("The alpha-beta link model"), placed on two servers that each do one thing at a time:
 
 * the **compute stream** runs backward bucket by bucket (buckets become ready in reverse layer
   order), each bucket's encode right after its gradients, and the compute that communication
@@ -261,7 +261,7 @@ class _TensorLoad(NamedTuple):
 
 
 def _tensor_load(spec: CompressorSpec, shape: Shape, world_size: int) -> _TensorLoad:
-    """Bytes and work for one gradient (see ``acp-sgd.md`` for each algorithm's steps)."""
+    """Bytes and work for one gradient (see docs/cost-model.md, "The work model", and docs/compressors.md for each algorithm's steps)."""
     size = numel(shape)
     wire = tensor_wire_bytes(spec, shape)
     if spec.name == "none":

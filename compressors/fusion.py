@@ -1,7 +1,7 @@
 """Tensor fusion: many small payloads in one flat buffer, so a bucket needs one collective.
 
 The factors of every matrix in a bucket and the bucket's uncompressed tensors are views
-into one contiguous buffer; one all-reduce moves them all (design.md §2).
+into one contiguous buffer; one all-reduce moves them all (docs/step.md, "Fusion").
 """
 
 from __future__ import annotations

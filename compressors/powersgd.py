@@ -1,6 +1,6 @@
 """PowerSGD (Vogels et al., 2019): rank-r power iteration with error feedback, 2 all-reduces per step.
 
-Algorithm, per bucket (acp-sgd.md "PowerSGD"), for every compressed matrix with residual e
+Algorithm, per bucket (docs/compressors.md, "PowerSGD"), for every compressed matrix with residual e
 and warm-started Q (m×r, the same seeded start on every rank):
 
 1. M = G + e                      (in the residual buffer: no clone of the bucket)

@@ -1,6 +1,6 @@
 """GradientSync: the DDP communication hook that runs a compressor on every bucket.
 
-It owns what is common to all compressors (design.md §7): registering the hook, turning a
+It owns what is common to all compressors (docs/architecture.md, "Who owns what"): registering the hook, turning a
 DDP bucket into per-parameter slots, driving the compressor's collectives asynchronously
 (chained futures, so buckets pipeline with backward and each bucket is decoded as soon as
 its collective completes), timing, byte counting, switching at a step boundary, carrying

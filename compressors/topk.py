@@ -9,7 +9,7 @@ Per bucket, for every compressed tensor with residual e:
 4. gradient ← Σ_ranks scatter-add(values at indices) / N   (one index_add_ over the bucket)
 
 Sparse pairs cannot be summed by an all-reduce, hence the all-gather, whose cost grows
-with N: Top-k only beats all-reduce when ratio < ~1/N (acp-sgd.md).
+with N: Top-k only beats all-reduce when ratio < ~1/N (docs/compressors.md, "Top-k").
 """
 
 from __future__ import annotations

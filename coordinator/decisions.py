@@ -1,7 +1,7 @@
 """The adaptive loop: telemetry in, versioned decisions out.
 
 The choice itself is ``compressors.policy.decide`` — a pure function of (state, measurements,
-config, now) with the cost model and hysteresis inside it (design.md §5) — fed exactly as the
+config, now) with the cost model and hysteresis inside it (docs/decisions.md, "The policy") — fed exactly as the
 in-process policy on rank 0 feeds it (``workers.adaptive.policy_config`` / ``step_profile``),
 so a job adapts the same way with or without a coordinator. This module owns everything
 around it, and never decides on its own:

@@ -1,4 +1,4 @@
-"""Every Prometheus metric the coordinator exports, in one place (design.md §4).
+"""Every Prometheus metric the coordinator exports, in one place (docs/coordinator.md, "Metrics").
 
 Names carry the ``gradwire_`` prefix and base units; labels stay low-cardinality: ``job``
 (the job id), ``phase``, ``compressor`` (and ``rank`` on the info series). Each app gets its

@@ -53,7 +53,7 @@ class JobSpec(JobFields):
     """A training job as a user submits it: ``workers.protocol.JobFields`` (the same fields,
     bounds and cross-field rules the workers use), with names spelled out as enums for the
     OpenAPI schema and strict types at the REST boundary. Every field but the few in the
-    smallest example of design.md §4 has a default; unknown fields are refused."""
+    smallest example of docs/coordinator.md ("The smallest job") has a default; unknown fields are refused."""
 
     model_config = _NUMBERS
 

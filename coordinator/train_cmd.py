@@ -10,7 +10,7 @@ here; this process drains it for a live progress bar and a per-phase breakdown. 
 ``--no-ray`` the same loop runs on local processes (``workers.runner.run_local``) and the
 reports arrive through a callback. The adaptive policy (``--mode adaptive``) runs in-process
 on rank 0. At the end a summary table is printed and ``--summary`` writes the summary JSON
-(design.md §3).
+(docs/step.md, "The run summary").
 
 Nothing heavy is imported at module level: ``gradwire --help`` must not load torch or Ray.
 """

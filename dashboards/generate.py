@@ -11,7 +11,7 @@ the PromQL here, next to the metric names of ``coordinator/metrics.py``.
 The JSON is what Grafana loads (provisioning, or ``gradwire dashboards push``), and what the
 tests run against a real Prometheus: every target below must return data for a real job.
 
-Label conventions (design.md §4): the coordinator labels every job series with ``job`` = the
+Label conventions (docs/coordinator.md, "Metrics"): the coordinator labels every job series with ``job`` = the
 gradwire job id; Prometheus keeps it because it scrapes with ``honor_labels: true``.
 ``gradwire_jobs{state}`` has no job label (it counts all jobs of a coordinator).
 """
@@ -49,7 +49,7 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
 
 #: Selector of the jobs picked in the ``job`` variable (multi-select: a regex match).
 JOB = 'job=~"$job"'
-#: Phases that add up to a step (design.md §3). compress/communicate/decompress run inside
+#: Phases that add up to a step (docs/step.md, "Timing phases"). compress/communicate/decompress run inside
 #: ``backward`` (the DDP hook), so stacking them too would count that time twice.
 STEP_PHASES = "data|forward|backward|exposed_comm|optimizer"
 HOOK_PHASES = "compress|communicate|decompress"

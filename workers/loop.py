@@ -268,7 +268,7 @@ def train_step(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, l
                timer: StepTimer, device: torch.device,
                scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> torch.Tensor:
-    """One data-parallel step, each phase of design.md §3 timed by ``timer`` (the caller ends
+    """One data-parallel step, each phase of docs/step.md ("Timing phases") timed by ``timer`` (the caller ends
     the step with the hook's record); returns the loss."""
     with timer.phase("data"):
         inputs, targets = (t.to(device, non_blocking=True) for t in next(loader))
@@ -580,7 +580,7 @@ def _resume(env: WorkerEnv, cfg: TrainConfig, model: torch.nn.Module, optimizer:
 
 def _summary(cfg: TrainConfig, env: WorkerEnv, sync: GradientSync, timer: StepTimer, total_steps: int,
              loss: float, switches: list[dict[str, Any]], workload: Workload, device: torch.device) -> dict[str, Any]:
-    """The machine-readable result of design.md §3 (loss averaged over ranks)."""
+    """The machine-readable result of docs/step.md ("The run summary") (loss averaged over ranks)."""
     mean_loss = torch.tensor([loss if math.isfinite(loss) else 0.0], dtype=torch.float64)
     dist.all_reduce(mean_loss.to(device) if device.type == "cuda" else mean_loss)
     stats = sync.stats()

@@ -2,7 +2,7 @@
 
 The cost model (``compressors/costmodel.py``) predicts collective times from two numbers:
 α, the per-message latency, and β, seconds per byte. For a ring all-reduce of ``b`` bytes
-on ``n`` workers (``acp-sgd.md``, "Time model")::
+on ``n`` workers (docs/cost-model.md, "The alpha-beta link model")::
 
     t(b) = 2(n-1)·α + 2(n-1)/n · b·β
 

@@ -2,7 +2,7 @@
 
 Both validate the job before any worker starts (bad model/dataset/batch combinations are
 refused with a clear ``ValueError``), run ``workers.loop`` on every worker and return the
-summary of design.md §3 (rank 0's), plus ``checkpoint_path`` where the final checkpoint
+summary of docs/step.md ("The run summary") (rank 0's), plus ``checkpoint_path`` where the final checkpoint
 (with every rank's own record) lies.
 """
 

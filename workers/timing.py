@@ -1,6 +1,6 @@
 """Per-phase step timing: one mechanism for the log, the telemetry and Prometheus.
 
-Phases of a training step (design.md §3): ``data``, ``forward``, ``backward`` (wall time,
+Phases of a training step (docs/step.md, "Timing phases"): ``data``, ``forward``, ``backward`` (wall time,
 including communication that overlapped it), ``exposed_comm`` (waiting for communication
 after backward's compute ended) and ``optimizer``; from the communication hook, summed per
 step: ``compress``, ``communicate``, ``decompress``.

@@ -1,5 +1,5 @@
 """The committed dashboard JSON has what Grafana needs, names only metrics the coordinator
-exports, covers every metric of design.md §4, and is what ``dashboards/generate.py`` builds."""
+exports, covers every metric of docs/coordinator.md, and is what ``dashboards/generate.py`` builds."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ GENERATOR = REPO_ROOT / "dashboards" / "generate.py"
 DATASOURCE_PROVISIONING = REPO_ROOT / "dashboards" / "provisioning" / "datasources" / "prometheus.yml"
 #: Visualisations the dashboard may use (core Grafana panel plugins).
 PANEL_TYPES = {"timeseries", "state-timeline", "stat", "bargauge", "table", "text"}
-#: design.md §4, without the ``gradwire_`` prefix.
+#: docs/coordinator.md ("Metrics"), without the ``gradwire_`` prefix.
 DESIGN_METRICS = ("step_phase_seconds", "step_seconds", "samples_per_second", "train_loss",
                   "network_bandwidth_bytes_per_second", "network_latency_seconds", "comm_bytes_total",
                   "compression_ratio", "compressor_info", "policy_switches_total", "jobs")

@@ -26,7 +26,7 @@ COMPRESSORS: dict[str, dict] = {
     "powersgd": {"rank": 4}, "acpsgd": {"rank": 4},
 }
 CAST = {"fp16", "bf16"}
-#: Summary fields design.md §3 promises (and the README's figures read).
+#: Summary fields docs/step.md ("The run summary") promises (and the README's figures read).
 SUMMARY_FIELDS = {"steps", "final_loss", "samples_per_second", "phase_seconds", "bytes_sent_per_step",
                   "compressor", "rank", "world_size", "switches"}
 

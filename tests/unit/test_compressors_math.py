@@ -1,4 +1,4 @@
-"""Each compressor's bucket job against the mathematical definition (acp-sgd.md), in one process.
+"""Each compressor's bucket job against the mathematical definition (docs/compressors.md, "The algorithms"), in one process.
 
 ``run_in_lockstep`` drives one bucket job per simulated rank and does the collectives by
 hand, so these tests check the math without a network: exact means, the EF-SignSGD, Top-k,

@@ -78,7 +78,7 @@ def test_grid_covers_every_case_with_finite_positive_times(grid: list[dict]) -> 
 
 
 def test_more_workers_cost_more_for_allgather_methods(grid: list[dict]) -> None:
-    """All-gather bytes grow with N (acp-sgd.md), all-reduce bytes per worker do not."""
+    """All-gather bytes grow with N (docs/cost-model.md), all-reduce bytes per worker do not."""
     def time_of(method: str, n: int) -> float:
         return next(r["iter_s"] for r in grid if r["model"] == "bert-base" and r["network"] == "10GbE"
                     and r["workers"] == n and r["method"] == method)

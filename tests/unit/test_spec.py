@@ -170,7 +170,7 @@ def test_min_compress_numel_leaves_small_tensors_uncompressed():
     assert not is_compressed(spec, (30, 30))
 
 
-# -- bytes per step, from the definitions in acp-sgd.md -----------------------------------
+# -- bytes per step, from the definitions in docs/compressors.md -----------------------------------
 
 
 def test_wire_bytes_of_uncompressed_and_cast_allreduce():

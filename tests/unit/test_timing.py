@@ -1,4 +1,4 @@
-"""StepTimer on CPU: every phase of design.md §3, the hook's sums, exposed communication, means.
+"""StepTimer on CPU: every phase of docs/step.md ("Timing phases"), the hook's sums, exposed communication, means.
 
 Only lower bounds on measured time are asserted (a sleep takes at least its length); the
 CPU is shared, so nothing asserts an upper bound.
