@@ -182,14 +182,17 @@ class RayLauncher:
         check ``run_job`` makes before starting workers, made at submit so a spec that cannot
         run (BERT beyond 512 positions, a batch larger than a worker's shard) is a 422 rather
         than a job that fails seconds later. It imports torch, which is why it runs here, in
-        the driver process, and never in the web process."""
+        the driver process, and never in the web process. User code (import paths) is not
+        imported here: it reaches the workers through the job's ``runtime_env``, and the job's
+        runner checks it there, failing the job with a reason that names the path."""
         from workers.runner import validate
 
         try:
-            validate(config)
+            validate(config, import_here=False)
         except ValueError as exc:
             return str(exc)
         return None
+
     def capacity(self) -> Capacity | None:
         import ray
 
