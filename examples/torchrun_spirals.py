@@ -35,6 +35,7 @@ def main() -> None:
     sampler = DistributedSampler(train_set)
     loader = DataLoader(train_set, batch_size=64, sampler=sampler)
 
+    torch.manual_seed(0)  # the same initial weights every run (DDP copies rank 0's to the others)
     model = make_model()
     model = gradwire.torch.prepare(model, compression=args.compression, rank=4,  # gradwire (was: DDP(model))
                                    steps=args.epochs * len(loader))

@@ -103,16 +103,17 @@ def test_a_ray_train_script_with_gradwire_trains_under_the_coordinator_and_follo
 def test_a_torchrun_script_with_gradwire_reports_to_the_coordinator(start_coordinator, tmp_path):
     url = start_coordinator(history_interval_s=0).url
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    script = spawn([torchrun, "--nproc-per-node", "2", "examples/torchrun_spirals.py", "--epochs", "3"],
+    script = spawn([torchrun, "--nproc-per-node", "2", "examples/torchrun_spirals.py", "--epochs", "6"],
                    {"GRADWIRE_URL": url, "OMP_NUM_THREADS": "1"})
     output = finish(script, 200)
     assert script.returncode == 0, output[-5000:]
     job = the_job(url)
-    assert job["state"] == "succeeded" and job["step"] == 3 * 32, job
+    assert job["state"] == "succeeded" and job["step"] == 6 * 32, job
     assert job["name"] == "torchrun" and job["world_size"] == 2
     for phase in STEP_PHASES + ("communicate",):
         assert job["phase_seconds"][phase] > 0, phase
     assert history_of(url, job["id"])["telemetry"]
     assert sorted(per_rank(output)) == [0, 1]
     accuracy = [float(a) for a in re.findall(r"held-out accuracy ([0-9.]+)", output)]
-    assert len(accuracy) == 2 and min(accuracy) > 0.5  # 3 classes: 0.33 at chance
+    # 3 classes: 0.33 at chance; the example seeds its weights, so this run gives 0.88 (3 epochs: 0.44)
+    assert len(accuracy) == 2 and min(accuracy) > 0.5
