@@ -53,7 +53,8 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint_by_default(serve, ray_
     victim = max(workers, key=lambda a: a["Pid"])
     os.kill(victim["Pid"], signal.SIGKILL)
     killed_at = time.time()
-    assert job_of(url, job["id"])["step"] < STEPS, "the job ended before the kill: make it longer"
+    reported_at_kill = job_of(url, job["id"])["step"]
+    assert reported_at_kill < STEPS, "the job ended before the kill: make it longer"
 
     done = wait_state(url, job["id"], TERMINAL, timeout_s=240)
     assert done["state"] == "succeeded", (done, coordinator.log())
@@ -68,4 +69,6 @@ def test_a_killed_worker_resumes_from_the_last_checkpoint_by_default(serve, ray_
     assert [g["restart"] for g in groups] == [False, True], groups
     restart = groups[1]
     assert restart["resumed_from_step"] == resumed and restart["at"] > killed_at
-    assert restart["last_reported_step"] >= max(seen) and restart["world_size"] == 2
+    # Telemetry reports every 0.2 s, so the last report before the kill may lag the registered
+    # checkpoint; what it cannot do is fall behind what the API showed just after the kill.
+    assert reported_at_kill <= restart["last_reported_step"] < STEPS and restart["world_size"] == 2
