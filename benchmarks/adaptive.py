@@ -64,7 +64,7 @@ if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.testbed import Testbed, TestbedError, worker_env  # noqa: E402
-from workers.protocol import TrainConfig  # noqa: E402
+from planning.protocol import TrainConfig  # noqa: E402
 
 LOCK_PATH = "/tmp/gradwire-bench.lock"
 FIXED_CHOICES = ("none", "fp16", "powersgd-r4", "acpsgd-r4", "acpsgd-r16", "topk-0.01", "signsgd")

@@ -4,12 +4,12 @@ Why: this machine runs two CPU workers on links of a few hundred Mbit/s; the que
 issue 14 at paper scale is where the policy turns compression off, which rank it picks, and
 how long it takes to a target compared with every fixed choice, for 8-64 GPUs on a link that
 changes (25 Gbit/s with stretches at 1 Gbit/s). Here the SAME policy code
-(``compressors.policy.decide``, default bounds, default hysteresis: 10 % gain, 30 s dwell, a
+(``planning.policy.decide``, default bounds, default hysteresis: 10 % gain, 30 s dwell, a
 report every 2 s) is driven by the validated cost model of :mod:`benchmarks.simulate`
 (assumed V100-class compute with CPU-measured backward shape, GPU codec from
 ``compressor_cost.json``; see that module's ASSUMED list) through a bandwidth trace.
 
-Progress uses the policy's own model (``compressors.progress``): a step with relative error ε
+Progress uses the policy's own model (``planning.progress``): a step with relative error ε
 is worth ``δ = 1 − ε²`` of an uncompressed step. The errors are measured, not assumed: one
 backward of the real model (synthetic batch, CPU) gives a sample of gradient matrices, and
 ``compressors.quality.estimate_errors`` gives every candidate's error on it. The running
@@ -50,10 +50,10 @@ from benchmarks.simulate import (  # noqa: E402
     layout_for,
     ready_fractions,
 )
-from compressors.costmodel import Link, StepProfile, candidates, predict_step  # noqa: E402
-from compressors.policy import Measurements, PolicyConfig, PolicyState, Switch, decide  # noqa: E402
-from compressors.progress import contraction  # noqa: E402
-from compressors.spec import CompressorSpec, make_spec  # noqa: E402
+from planning.costmodel import Link, StepProfile, candidates, predict_step  # noqa: E402
+from planning.policy import Measurements, PolicyConfig, PolicyState, Switch, decide  # noqa: E402
+from planning.progress import contraction  # noqa: E402
+from planning.spec import CompressorSpec, make_spec  # noqa: E402
 
 #: Gbit/s for seconds: 25 Gbit/s with two stretches at 1 Gbit/s.
 DEFAULT_TRACE = "25:300,1:120,25:300,1:120,25:300"
@@ -233,7 +233,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def markdown(doc: Mapping[str, Any]) -> str:
-    lines = [f"SIMULATION (cost model of benchmarks/simulate.py, progress model of compressors.progress), "
+    lines = [f"SIMULATION (cost model of benchmarks/simulate.py, progress model of planning.progress), "
              f"trace `{doc['trace']}` (Gbit/s:seconds), running error = estimate × {doc['running_over_estimate']:g}.", "",
              "| model | workers | adaptive s | best fixed | best fixed s | adaptive / best | none s | adaptive's choices (at Gbit/s) |",
              "|---|---:|---:|---|---:|---:|---:|---|"]

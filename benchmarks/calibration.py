@@ -1,6 +1,6 @@
 """How well does the cost model predict a step? Predicted against measured, per compressor and rate.
 
-Why: the adaptive policy is only as good as ``compressors.costmodel.predict_step``. This
+Why: the adaptive policy is only as good as ``planning.costmodel.predict_step``. This
 benchmark runs the same two-worker job as :mod:`benchmarks.adaptive` once per compressor,
 each run walking the emulated link through fixed rates (default 1000, 200, 50 Mbit/s, a
 fixed number of steps each) after an unmeasured warm-up at the first rate (a fresh job's
@@ -59,10 +59,10 @@ from benchmarks.adaptive import (  # noqa: E402
     write_results,
 )
 from benchmarks.testbed import Testbed, measure_allreduce, tbf_burst_bytes  # noqa: E402
-from compressors.costmodel import alpha_beta_from_bandwidth, predict_step  # noqa: E402
-from compressors.spec import make_spec  # noqa: E402
-from workers.adaptive import step_profile  # noqa: E402
-from workers.protocol import ModelProfile  # noqa: E402
+from planning.controller import step_profile  # noqa: E402
+from planning.costmodel import alpha_beta_from_bandwidth, predict_step  # noqa: E402
+from planning.protocol import ModelProfile  # noqa: E402
+from planning.spec import make_spec  # noqa: E402
 
 DEFAULT_RATES = (1000.0, 200.0, 50.0)
 TARGET = 0.25

@@ -504,7 +504,7 @@ class ScenarioOptions:
 
 def label_of(compressor: str, params: dict[str, Any] | None) -> str:
     """A compressor and its parameters as the rest of gradwire writes them (``acpsgd-r4``)."""
-    from compressors.spec import make_spec
+    from planning.spec import make_spec
 
     return make_spec(compressor, **(params or {})).label
 

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
 
 from compressors import GradientSync, build
-from compressors.costmodel import DDP_FIRST_BUCKET_BYTES, build_bucket_layout
+from planning.costmodel import DDP_FIRST_BUCKET_BYTES, build_bucket_layout
 from workers.models import parameter_shapes
 from workers.probe import synchronize
 

@@ -37,8 +37,8 @@ import torch  # noqa: E402
 from benchmarks.compressor_cost import OUR_METHODS, measure_workloads, method_params, single_process_group  # noqa: E402
 from compressors import GradientSync  # noqa: E402
 from compressors.base import from_spec  # noqa: E402
-from compressors.spec import make_spec  # noqa: E402
-from workers.protocol import ALL_PHASES  # noqa: E402
+from planning.protocol import ALL_PHASES  # noqa: E402
+from planning.spec import make_spec  # noqa: E402
 
 #: The paper's settings per model: batch, input size, PowerSGD/ACP-SGD rank.
 STEP_MODELS: dict[str, dict[str, int]] = {

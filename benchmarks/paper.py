@@ -299,7 +299,7 @@ def rank_main(cell: Cell, rank: int, world: int, init: str, out: Path | None) ->
 
     from compressors import GradientSync
     from compressors.base import from_spec
-    from compressors.spec import make_spec
+    from planning.spec import make_spec
     from workers.data import InfiniteLoader, build_dataset
     from workers.models import build_model
     from workers.probe import probe_link
@@ -617,7 +617,7 @@ def summarize(cell: Cell, raw: Mapping[str, Any]) -> dict[str, Any]:
     from workers.timing import compute_jitter_s
 
     return {
-        # σ of one rank's compute per step: the cost model's straggler term (compressors.costmodel).
+        # σ of one rank's compute per step: the cost model's straggler term (planning.costmodel).
         "compute_jitter_s": compute_jitter_s(measured),
         "model": cell.workload, "method": cell.method, "workers": cell.workers, "mbit": cell.mbit,
         "iter_s": iter_s, "iter_ci_s": ci,
@@ -686,7 +686,7 @@ def calibration_entry(cell: Cell, raw: Mapping[str, Any]) -> dict[str, Any]:
 
 def wire_bytes(method: str, shapes: Sequence[Sequence[int]], rank: int, workers: int) -> float:
     from benchmarks.simulate import method_spec
-    from compressors.wire import wire_bytes as formula
+    from planning.wire import wire_bytes as formula
 
     return formula(method_spec(method, rank, TOPK_RATIO), [tuple(s) for s in shapes], workers)
 
@@ -714,7 +714,7 @@ def regime_rates(workload: Workload, calib: Mapping[str, Any], shapes: Sequence[
 def predicted_step_s(cell: Cell, calib: Mapping[str, Any], shapes: Sequence[Sequence[int]], cost: Mapping[str, Any] | None) -> float:
     """A rough prediction (cost model, nominal link) to choose the protocol and the timeout."""
     from benchmarks.simulate import COST_NAMES, Compute, predict
-    from compressors.costmodel import CodecCost, Link
+    from planning.costmodel import CodecCost, Link
 
     workload = WORKLOADS[cell.workload]
     compute = Compute(calib["forward_s"], calib["backward_s"], calib["optimizer_s"], tuple(calib["ready_s"]))
@@ -757,7 +757,7 @@ def acceptance(results: Sequence[Mapping[str, Any]], calibration: Mapping[str, A
     tunes its buffer, and both figures are reported.
     """
     from benchmarks.simulate import _links_by_setting
-    from compressors.costmodel import all_reduce_s
+    from planning.costmodel import all_reduce_s
 
     links = _links_by_setting(results)
     index = {(r["model"], r["method"], r["workers"], r["mbit"]): r for r in results}
@@ -1225,7 +1225,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
         # Encode+decode apart from communication, in the runs' layouts (torch_powersgd's codec estimate).
         "codec_calibration": codecs,
         # The probe's wake-up cost of a collective on an idle link, by worker count
-        # (compressors.costmodel.Link.wake_s), measured at the calibration rate. The CPU cores
+        # (planning.costmodel.Link.wake_s), measured at the calibration rate. The CPU cores
         # the ranks share (4 ranks on 2 run codecs at half speed): each run records its own
         # (`cpu_cores`); this machine's count stands in for runs cached before they did.
         "host": {"wake_s": {str(n): w for n, w in wake_s.items()}, "cpu_cores": len(os.sched_getaffinity(0))},

@@ -1,8 +1,8 @@
-"""Scale simulator: the α-β pipelined-bucket model of ``compressors.costmodel``, at paper scale.
+"""Scale simulator: the α-β pipelined-bucket model of ``planning.costmodel``, at paper scale.
 
 Why: this machine can run 2 (at most 4) workers on emulated links of a few hundred Mbit/s,
 while the paper's claims are about 8-64 GPUs on 1/10/100 Gb/s. The cost model the adaptive
-policy already uses (``compressors.costmodel.predict_step``: buckets ready in reverse layer
+policy already uses (``planning.costmodel.predict_step``: buckets ready in reverse layer
 order, one compute stream, one link, PowerSGD's two dependent rounds) is fed here with
 
 * **measured per-bucket backward compute**: ``benchmarks/paper.py`` records, in a calibration
@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
     sys.path.insert(0, str(ROOT))
 
-from compressors.costmodel import (  # noqa: E402
+from planning.costmodel import (  # noqa: E402
     CodecCost,
     CodecModel,
     ElementCost,
@@ -59,7 +59,7 @@ from compressors.costmodel import (  # noqa: E402
     codec_work,
     predict_step,
 )
-from compressors.spec import CompressorSpec, make_spec  # noqa: E402
+from planning.spec import CompressorSpec, make_spec  # noqa: E402
 
 METHODS: tuple[str, ...] = ("ssgd", "signsgd", "topk", "powersgd", "torch_powersgd", "acpsgd")
 TOPK_RATIO = 0.01
@@ -146,7 +146,7 @@ class Compute:
     optimizer_s: float
     ready_s: tuple[float, ...] | None = None
     label: str = "measured"
-    #: The cost model's host terms (compressors.costmodel): σ of compute per step, and host
+    #: The cost model's host terms (planning.costmodel): σ of compute per step, and host
     #: CPU per collective. 0 where not measured (the paper-scale GPU inputs).
     jitter_s: float = 0.0
     collective_cpu_s: float = 0.0
@@ -419,7 +419,7 @@ def _error_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def write_markdown(path: Path, result: Mapping[str, Any]) -> None:
-    lines = ["# Scale simulator (α-β pipelined buckets, `compressors.costmodel`)", ""]
+    lines = ["# Scale simulator (α-β pipelined buckets, `planning.costmodel`)", ""]
     v = result["validation_summary"]
     if v.get("runs"):
         lines += [
@@ -503,8 +503,8 @@ def explain(s: Mapping[str, Any], shapes_by_model: Mapping[str, Sequence[Sequenc
     The numbers quoted are computed here from the same model, so the text stays true when
     the inputs change.
     """
-    from compressors.costmodel import all_reduce_s
-    from compressors.wire import wire_bytes
+    from planning.costmodel import all_reduce_s
+    from planning.wire import wire_bytes
 
     notes = []
     if not s.get("mean"):

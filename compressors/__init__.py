@@ -7,7 +7,7 @@ Public API (see docs/compressors.md, "Public API")::
     sync = GradientSync(comp)
     sync.install(ddp_model)
 
-``build`` and ``GradientSync`` are handed out lazily so that ``import compressors.spec``
+``build`` and ``GradientSync`` are handed out lazily so that ``import planning.spec``
 (used by the torch-free coordinator) does not import torch.
 """
 

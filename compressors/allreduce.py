@@ -7,7 +7,7 @@ from typing import Sequence
 import torch
 
 from compressors.base import AllReduce, BucketJob, Compressor, GradSlot, mean_allreduce
-from compressors.spec import CompressorSpec
+from planning.spec import CompressorSpec
 
 
 class PlainAllReduce(Compressor):

@@ -17,9 +17,9 @@ from typing import Any, Callable, Generator, Iterable, Sequence, Union
 
 import torch
 
-from compressors import wire
 from compressors.memory import ErrorFeedback
-from compressors.spec import CompressorSpec, make_spec
+from planning import wire
+from planning.spec import CompressorSpec, make_spec
 
 
 @dataclass

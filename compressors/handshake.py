@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from compressors.spec import CompressorSpec, spec_to_dict
+from planning.spec import CompressorSpec, spec_to_dict
 
 FINGERPRINT_BYTES = 48
 _HASH_BYTES, _COUNT_BYTES = 8, 8

@@ -8,9 +8,9 @@ from typing import Any, Sequence
 
 import torch
 
-from compressors import wire
 from compressors.base import ErrorFeedbackCompressor, GradSlot, compute_dtype, seeded_normal
-from compressors.spec import CompressorSpec
+from planning import wire
+from planning.spec import CompressorSpec
 
 
 @dataclass

@@ -32,9 +32,9 @@ from typing import Iterable, Sequence
 
 import torch
 
-from compressors import wire
 from compressors.base import Compressor, ErrorFeedbackCompressor, GradSlot
-from compressors.spec import LOW_RANK, CompressorSpec
+from planning import wire
+from planning.spec import LOW_RANK, CompressorSpec
 
 _CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF = (torch.float16, torch.bfloat16)

@@ -26,8 +26,8 @@ from torch.nn.parallel import DistributedDataParallel
 from compressors import checkpoint, handshake
 from compressors.base import AllReduce, BucketJob, Collective, Compressor, GradSlot, from_spec
 from compressors.quality import ErrorMeter
-from compressors.spec import ROUNDS_PER_STEP, spec_from_dict, spec_to_dict
-from compressors.wire import why_nothing_compressed
+from planning.spec import ROUNDS_PER_STEP, spec_from_dict, spec_to_dict
+from planning.wire import why_nothing_compressed
 
 #: Most dependent collective rounds a compressor may use per bucket and step (PowerSGD: 2).
 MAX_ROUNDS = max(ROUNDS_PER_STEP.values())

@@ -20,7 +20,7 @@ import torch
 
 from compressors.base import AllGather, BucketJob, ErrorFeedbackCompressor, GradSlot, compute_dtype
 from compressors.fusion import split_slots
-from compressors.wire import INDEX_BYTES, topk_count
+from planning.wire import INDEX_BYTES, topk_count
 
 
 class TopK(ErrorFeedbackCompressor):

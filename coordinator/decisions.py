@@ -1,14 +1,14 @@
 """The adaptive loop: telemetry in, versioned decisions out.
 
-The choice itself is ``compressors.policy.decide`` — a pure function of (state, measurements,
+The choice itself is ``planning.policy.decide`` — a pure function of (state, measurements,
 config, now) with the cost model and hysteresis inside it (docs/decisions.md, "The policy") — fed exactly as the
-in-process policy on rank 0 feeds it (``workers.adaptive.policy_config`` / ``step_profile``),
+in-process policy on rank 0 feeds it (``planning.controller.policy_config`` / ``step_profile``),
 so a job adapts the same way with or without a coordinator. This module owns everything
 around it, and never decides on its own:
 
 * which jobs the policy steers (``adaptive``; not ``fixed`` or ``pinned``),
-* turning a telemetry report into the policy's inputs (``workers.adaptive.policy_measurements``, shared with the in-process policy), including the
-  job's :class:`~workers.protocol.ModelProfile`, sent by rank 0 at least once,
+* turning a telemetry report into the policy's inputs (``planning.controller.policy_measurements``, shared with the in-process policy), including the
+  job's :class:`~planning.protocol.ModelProfile`, sent by rank 0 at least once,
 * decision versions, reasons and predicted gains, and the operator's pin/release.
 
 The policy state lives in memory, one entry per job; after a coordinator restart it starts
@@ -20,12 +20,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, replace
 
-from compressors import policy
-from compressors.costmodel import StepProfile, candidates
-from compressors.spec import CompressorSpec, make_spec, spec_to_dict
 from coordinator.schemas import DecisionRecord, PinnedPolicy
-from workers.adaptive import policy_config, policy_measurements, step_profile
-from workers.protocol import CompressionConfig, ModelProfile, Telemetry
+from planning import policy
+from planning.controller import policy_config, policy_measurements, step_profile
+from planning.costmodel import StepProfile, candidates
+from planning.protocol import CompressionConfig, ModelProfile, Telemetry
+from planning.spec import CompressorSpec, make_spec, spec_to_dict
 
 
 @dataclass(frozen=True)

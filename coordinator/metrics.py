@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from compressors.spec import make_spec
-from compressors.wire import wire_bytes
 from coordinator.schemas import JOB_STATES
-from workers.protocol import PHASES, Telemetry
+from planning.protocol import PHASES, Telemetry
+from planning.spec import make_spec
+from planning.wire import wire_bytes
 
 # No ``*_created`` companion series: they would double the series count for nothing we use.
 disable_created_metrics()

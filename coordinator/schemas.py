@@ -1,7 +1,7 @@
 """The REST contract: what clients send (``JobSpec``, ``PinnedPolicy``/``AdaptivePolicy``) and read back.
 
 Validation happens here, at the boundary, so the rest of the coordinator can trust its
-inputs. ``JobSpec`` lists the user-settable fields of ``workers.protocol.TrainConfig``
+inputs. ``JobSpec`` lists the user-settable fields of ``planning.protocol.TrainConfig``
 explicitly (that is the documented API, shown in ``/docs``) and is checked against
 ``TrainConfig`` once more when it is built, so a spec that passes here always converts.
 """
@@ -19,8 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from compressors.spec import COMPRESSOR_NAMES, make_spec
-from workers.protocol import (
+from planning.protocol import (
     DATASET_NAMES,
     MODEL_NAMES,
     JobFields,
@@ -28,6 +27,7 @@ from workers.protocol import (
     Telemetry,
     TrainConfig,
 )
+from planning.spec import COMPRESSOR_NAMES, make_spec
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -50,7 +50,7 @@ JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class JobSpec(JobFields):
-    """A training job as a user submits it: ``workers.protocol.JobFields`` (the same fields,
+    """A training job as a user submits it: ``planning.protocol.JobFields`` (the same fields,
     bounds and cross-field rules the workers use), with names spelled out as enums for the
     OpenAPI schema and strict types at the REST boundary. Every field but the few in the
     smallest example of docs/coordinator.md ("The smallest job") has a default; unknown fields are refused."""
@@ -89,7 +89,7 @@ MAX_WORLD_SIZE = 1024  # JobFields.workers' bound
 
 
 class ReportedProfile(ModelProfile):
-    """A worker's :class:`~workers.protocol.ModelProfile` as the REST boundary accepts it:
+    """A worker's :class:`~planning.protocol.ModelProfile` as the REST boundary accepts it:
     finite times and tensor dimensions a real model has."""
 
     model_config = _NUMBERS
@@ -99,7 +99,7 @@ class ReportedProfile(ModelProfile):
 
 
 class TelemetryReport(Telemetry):
-    """``POST /v1/jobs/{id}/telemetry``: the worker's :class:`~workers.protocol.Telemetry`
+    """``POST /v1/jobs/{id}/telemetry``: the worker's :class:`~planning.protocol.Telemetry`
     checked strictly at the REST boundary. No float may be NaN or infinite (the model config
     covers every float field, including ones added to ``Telemetry`` later), integers stay
     within bounds a database column holds, and the compressor is one gradwire knows (its name

@@ -29,7 +29,7 @@ from coordinator.schemas import (
 )
 from coordinator.settings import Settings
 from coordinator.store import InvalidTransition, JobRecord, Store
-from workers.protocol import PHASES, Decision, Telemetry
+from planning.protocol import PHASES, Decision, Telemetry
 
 log = logging.getLogger(__name__)
 

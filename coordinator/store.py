@@ -42,7 +42,7 @@ from coordinator.schemas import (
     Transition,
     WorkerGroupEvent,
 )
-from workers.protocol import PHASES, ModelProfile
+from planning.protocol import PHASES, ModelProfile
 
 # Which state may follow which. Anything else is a bug or a race we refuse to record.
 ALLOWED_TRANSITIONS: dict[str | None, frozenset[str]] = {

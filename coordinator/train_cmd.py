@@ -1,6 +1,6 @@
 """``gradwire train SPEC.yaml``: run one job here, without a coordinator, and watch it live.
 
-The spec (YAML or JSON, the fields of ``workers.protocol.TrainConfig``, so a ``gradwire
+The spec (YAML or JSON, the fields of ``planning.protocol.TrainConfig``, so a ``gradwire
 submit`` spec works too) is read, flags override its fields, and the result is validated
 as a whole: a bad value is a CLI error naming the field (exit code 2), never a traceback.
 
@@ -107,7 +107,7 @@ def build_config(data: dict[str, Any]) -> Any:
     """A validated ``TrainConfig``; :class:`SpecError` names the first bad field."""
     from pydantic import ValidationError
 
-    from workers.protocol import TrainConfig
+    from planning.protocol import TrainConfig
 
     try:
         return TrainConfig.model_validate(data)
@@ -125,7 +125,7 @@ def build_config(data: dict[str, Any]) -> Any:
 
 def phase_table(phase_seconds: dict[str, float], title: str = "per-phase breakdown (mean per step)") -> Table:
     """Milliseconds per phase, and each phase's share of the step (hook phases nest in backward)."""
-    from workers.protocol import ALL_PHASES, PHASES
+    from planning.protocol import ALL_PHASES, PHASES
 
     table = Table(title=title, title_justify="left")
     table.add_column("phase")

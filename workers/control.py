@@ -22,8 +22,8 @@ from typing import Any, Callable, Protocol
 
 import torch.distributed as dist
 
-from workers.adaptive import AdaptiveController
-from workers.protocol import CompressionConfig, Decision, Telemetry
+from planning.controller import AdaptiveController
+from planning.protocol import CompressionConfig, Decision, Telemetry
 
 log = logging.getLogger(__name__)
 

@@ -35,10 +35,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from compressors import GradientSync
 from compressors.base import GradSlot, from_spec, run_in_lockstep
-from compressors.costmodel import build_bucket_layout, codec_work
-from compressors.spec import make_spec, spec_to_dict
+from planning.controller import decision_for
+from planning.costmodel import build_bucket_layout, codec_work
+from planning.protocol import Decision, ModelProfile, Telemetry, TrainConfig
+from planning.spec import make_spec, spec_to_dict
 from workers import checkpoint as ckpt
-from workers.adaptive import decision_for
 from workers.control import (
     CallbackSink,
     CoordinatorClient,
@@ -59,7 +60,6 @@ from workers.probe import (
     probe_link,
     sized_probe,
 )
-from workers.protocol import Decision, ModelProfile, Telemetry, TrainConfig
 from workers.quality import QualitySignal
 from workers.timing import StepTimer, codec_clock
 from workers.usercode import Workload, build_workload

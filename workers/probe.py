@@ -1,6 +1,6 @@
 """How fast is the link? An active α-β probe, a budgeted schedule for it, a passive estimate.
 
-The cost model (``compressors/costmodel.py``) predicts collective times from two numbers:
+The cost model (``planning/costmodel.py``) predicts collective times from two numbers:
 α, the per-message latency, and β, seconds per byte. For a ring all-reduce of ``b`` bytes
 on ``n`` workers (docs/cost-model.md, "The alpha-beta link model")::
 
@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
-from compressors.costmodel import Link, all_reduce_s, ring_coefficients
+from planning.costmodel import Link, all_reduce_s, ring_coefficients
 
 if TYPE_CHECKING:  # torch is imported inside probe_link: the rest stays importable without it
     import torch
@@ -133,7 +133,7 @@ class LinkEstimate:
     ``latency_s`` is the predicted time of a zero-byte all-reduce, 2(n-1)·α: what one tiny
     collective costs on this group, the number the dashboards show. ``wake_s`` is how much
     longer, on average, a small collective takes when the peers sat idle waiting for it
-    (their communication threads asleep; ``compressors.costmodel.Link.wake_s``). ``measured_at`` is
+    (their communication threads asleep; ``planning.costmodel.Link.wake_s``). ``measured_at`` is
     rank 0's ``time.time()`` when the probe finished; ``cost_s`` is rank 0's wall time
     spent probing (warm-up included), which the :class:`ProbeScheduler` budgets.
     """

@@ -18,12 +18,12 @@ from __future__ import annotations
 import time
 
 from compressors import GradientSync
-from compressors.costmodel import candidates
 from compressors.quality import ErrorMeter, estimate_errors
-from compressors.spec import CompressorSpec
-from workers.adaptive import policy_config
+from planning.controller import policy_config
+from planning.costmodel import candidates
+from planning.protocol import TrainConfig
+from planning.spec import CompressorSpec
 from workers.probe import ProbeScheduler
-from workers.protocol import TrainConfig
 
 #: Share of the job's probe budget the estimates may take.
 ESTIMATE_BUDGET_SHARE = 0.5

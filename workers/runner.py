@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from workers.protocol import TrainConfig
+from planning.protocol import TrainConfig
 from workers.runtime_env import inherited_code, uploaded
 
 #: Lowered so ray.train.report does not block ~2 s per call (see Ray Train v2 health checks).

@@ -35,8 +35,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from compressors import GradientSync
 from compressors.base import from_spec
-from compressors.spec import make_spec
-from workers.adaptive import decision_for
+from planning.controller import decision_for
+from planning.protocol import EXTERNAL_DATASET, CompressionConfig, Decision, TrainConfig, is_import_path
+from planning.spec import make_spec
 from workers.control import (
     CoordinatorClient,
     DecisionSource,
@@ -47,7 +48,6 @@ from workers.control import (
 )
 from workers.loop import _Reporter
 from workers.probe import DEFAULT_SIZES, PROBE_STOP_FACTOR, PROBE_TRANSFER_S, LinkEstimate, probe_link
-from workers.protocol import EXTERNAL_DATASET, CompressionConfig, Decision, TrainConfig, is_import_path
 from workers.timing import StepTimer
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 
 from compressors.sync import StepRecord
+from planning.protocol import ALL_PHASES, PHASES
 from workers.probe import synchronize
-from workers.protocol import ALL_PHASES, PHASES
 
 
 def compute_jitter_s(steps: Sequence[Mapping[str, float]]) -> float:

@@ -17,7 +17,7 @@ from coordinator.api.deps import bearer, get_service, worker_job
 from coordinator.schemas import TelemetryReport
 from coordinator.service import JobService
 from coordinator.store import JobRecord
-from workers.protocol import Decision
+from planning.protocol import Decision
 
 router = APIRouter(prefix="/v1/jobs", tags=["workers"])
 

@@ -24,8 +24,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compressors import GradientSync, build
 from compressors.acpsgd import ACPSGD
-from compressors.spec import COMPRESSOR_NAMES, make_spec
 from compressors.sync import GradientSyncError
+from planning.spec import COMPRESSOR_NAMES, make_spec
 
 RANK = 2
 # The probe's parameters: a conv weight (8×36 matrix), linear weights, their biases, and a 3×4

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from workers.protocol import TrainConfig
+from planning.protocol import TrainConfig
 
 
 def progress_actor() -> tuple[str, Any]:

@@ -15,8 +15,8 @@ import ray
 from raytrain_support import config, progress_actor
 
 from compressors import build
-from compressors.spec import make_spec
-from workers.protocol import ALL_PHASES, PHASES
+from planning.protocol import ALL_PHASES, PHASES
+from planning.spec import make_spec
 from workers.runner import rank_records, run_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from coordinator.cli import app
-from workers.protocol import ALL_PHASES
+from planning.protocol import ALL_PHASES
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "mlp-digits.yaml"

@@ -1,9 +1,9 @@
-"""The adaptive loop around ``compressors.policy.decide``, on a frozen clock."""
+"""The adaptive loop around ``planning.policy.decide``, on a frozen clock."""
 
-from compressors.policy import PolicyConfig
 from coordinator.decisions import DecisionLoop
 from coordinator.schemas import DecisionRecord, PinnedPolicy
-from workers.protocol import CompressionConfig, ModelProfile, Telemetry
+from planning.policy import PolicyConfig
+from planning.protocol import CompressionConfig, ModelProfile, Telemetry
 
 ADAPTIVE = CompressionConfig(mode="adaptive", compressor="acpsgd", rank=4)
 PROFILE = ModelProfile(shapes=[[1024, 1024], [1024]], forward_s=0.002, backward_s=0.004)

@@ -4,7 +4,7 @@ from prometheus_client import generate_latest
 from support.api import telemetry
 
 from coordinator.metrics import CoordinatorMetrics
-from workers.protocol import Telemetry
+from planning.protocol import Telemetry
 
 
 def test_finished_job_series_are_removed_after_the_grace_period():

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from workers.protocol import Decision, ModelProfile, Telemetry, TrainConfig
+from planning.protocol import Decision, ModelProfile, Telemetry, TrainConfig
 
 STEP_S = 0.05
 #: Sent with the first report, as the real rank 0 does; at the reported 40 Gb/s the policy

@@ -12,9 +12,9 @@ if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import adaptive_replay as replay  # noqa: E402
-from compressors.costmodel import ElementCost, StepProfile, candidates  # noqa: E402
-from compressors.policy import PolicyConfig  # noqa: E402
-from compressors.spec import make_spec  # noqa: E402
+from planning.costmodel import ElementCost, StepProfile, candidates  # noqa: E402
+from planning.policy import PolicyConfig  # noqa: E402
+from planning.spec import make_spec  # noqa: E402
 
 SHAPES = [(1024, 1024), (1024,)] * 4 + [(1000, 1024), (1000,)]
 PROFILE = StepProfile.build(SHAPES, forward_s=0.03, backward_s=0.06, optimizer_s=0.004,

@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 
-from compressors.costmodel import build_bucket_layout, codec_work
-from compressors.spec import make_spec
+from planning.costmodel import build_bucket_layout, codec_work
+from planning.protocol import TrainConfig
+from planning.spec import make_spec
 from workers import loop
-from workers.protocol import TrainConfig
 
 SHAPES = [(64, 32), (64,), (128, 64), (10, 128)]
 BUCKETS = build_bucket_layout(SHAPES, 20_000, first_bucket_bytes=None)

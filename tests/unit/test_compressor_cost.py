@@ -16,8 +16,8 @@ if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.compressor_cost import ONE_BUCKET_BYTES, make_workload, powersgd_codecs, single_process_group  # noqa: E402
-from compressors.spec import make_spec  # noqa: E402
-from compressors.wire import wire_bytes  # noqa: E402
+from planning.spec import make_spec  # noqa: E402
+from planning.wire import wire_bytes  # noqa: E402
 
 SHAPES = [(256, 128), (256,), (64, 32, 3, 3), (64,), (512, 256), (10, 512)]
 RANK = 4

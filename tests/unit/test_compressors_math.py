@@ -17,7 +17,7 @@ import torch
 from compressors import build
 from compressors.base import GradSlot, run_in_lockstep, seeded_normal
 from compressors.powersgd import PowerSGD
-from compressors.spec import make_spec
+from planning.spec import make_spec
 
 # One "layer" of each kind: a conv weight (8×36 matrix), a linear weight, their biases, and a
 # 3×4 matrix too small to be worth factorising at rank 2.

@@ -17,8 +17,8 @@ import torch
 from compressors import GradientSync, build, handshake
 from compressors import checkpoint as sync_checkpoint
 from compressors.base import GradSlot, run_in_lockstep
-from compressors.spec import make_spec
-from compressors.wire import why_nothing_compressed, wire_bytes
+from planning.spec import make_spec
+from planning.wire import why_nothing_compressed, wire_bytes
 
 SHAPES = {"conv.weight": (8, 4, 3, 3), "conv.bias": (8,), "fc.weight": (24, 32), "fc.bias": (24,), "gate.weight": (3, 4)}
 CONFIGS = {

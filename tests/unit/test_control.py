@@ -17,8 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from harness import free_port, run_ranks  # noqa: E402
 
+from planning.protocol import CompressionConfig, Decision, ModelProfile, Telemetry  # noqa: E402
 from workers.control import CallbackSink, CoordinatorClient, InProcessPolicy, ListSink, SwitchAgreement  # noqa: E402
-from workers.protocol import CompressionConfig, Decision, ModelProfile, Telemetry  # noqa: E402
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -230,7 +230,7 @@ def test_in_process_policy_runs_once_it_has_a_profile_and_a_bandwidth():
 
 
 def test_the_jobs_hysteresis_settings_reach_the_policy():
-    from workers.adaptive import AdaptiveController
+    from planning.controller import AdaptiveController
 
     default = AdaptiveController(CompressionConfig(mode="adaptive")).config
     assert (default.min_dwell_s, default.gain_threshold) == (30.0, 0.10)
@@ -264,9 +264,9 @@ def _quiet_control_logs(caplog):
 def test_the_reports_wake_up_and_jitter_reach_the_policys_prediction():
     """The probe's wake-up cost and the timer's compute jitter enter the policy's prediction
     through the one helper both the worker and the coordinator use; each lengthens it."""
-    from compressors.policy import Keep, PolicyConfig, PolicyState, decide
-    from compressors.spec import make_spec
-    from workers.adaptive import policy_measurements, step_profile
+    from planning.controller import policy_measurements, step_profile
+    from planning.policy import Keep, PolicyConfig, PolicyState, decide
+    from planning.spec import make_spec
 
     profile = ModelProfile(shapes=[[512, 512], [512]], buckets=[[1, 0]], forward_s=0.01, backward_s=0.02)
     spec = make_spec("powersgd", rank=4)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from compressors.costmodel import (
+from planning.costmodel import (
     DEFAULT_CPU_CODEC,
     CodecCost,
     ElementCost,
@@ -24,8 +24,8 @@ from compressors.costmodel import (
     expected_max_normal,
     predict_step,
 )
-from compressors.spec import COMPRESSOR_NAMES, make_spec
-from compressors.wire import is_compressed, wire_bytes
+from planning.spec import COMPRESSOR_NAMES, make_spec
+from planning.wire import is_compressed, wire_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 FREE = ElementCost(per_element_s=0.0)  # a codec that costs nothing: isolates communication
@@ -317,6 +317,6 @@ def test_candidates():
 
 
 def test_costmodel_and_policy_do_not_import_torch():
-    code = "import compressors.costmodel, compressors.policy, sys; assert 'torch' not in sys.modules"
+    code = "import planning.costmodel, planning.policy, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 

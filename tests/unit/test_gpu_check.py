@@ -18,10 +18,10 @@ if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import gpu_check  # noqa: E402
-from compressors.spec import make_spec  # noqa: E402
-from compressors.wire import wire_bytes  # noqa: E402
+from planning.protocol import ALL_PHASES  # noqa: E402
+from planning.spec import make_spec  # noqa: E402
+from planning.wire import wire_bytes  # noqa: E402
 from workers.models import default_num_classes, parameter_shapes  # noqa: E402
-from workers.protocol import ALL_PHASES  # noqa: E402
 
 
 def test_a_cpu_run_times_every_phase_and_sends_each_compressors_bytes(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Import hygiene of the compression core: torch and the standard library only, and a torch-free spec.
+"""Import hygiene: the compression core needs torch, the standard library and ``planning``;
+``planning`` needs the standard library and pydantic, never torch.
 
 Each check runs in a fresh interpreter, so what other tests imported does not count.
 """
@@ -36,23 +37,29 @@ def test_import_compressors_pulls_in_only_torch_and_the_standard_library():
         "for name in ('none', 'fp16', 'bf16', 'signsgd', 'topk', 'powersgd'):\n"
         "    build(name)\n"
     )
-    allowed = set(sys.stdlib_module_names) | baseline | torch_alone | {"compressors"}
+    allowed = set(sys.stdlib_module_names) | baseline | torch_alone | {"compressors", "planning"}
     assert "torch" in torch_alone
     assert used - allowed == set(), f"compressors imported {sorted(used - allowed)}"
     # Nothing of the rest of gradwire leaks into the core.
     assert not used & {"workers", "coordinator", "benchmarks", "ray", "fastapi", "pydantic"}
 
 
-def test_spec_and_wire_do_not_import_torch():
+def test_planning_needs_only_the_standard_library_and_pydantic():
+    baseline = top_level_modules_after("")
+    pydantic_alone = top_level_modules_after(  # a model with constraints pulls in pydantic's own deps
+        "import pydantic, sysconfig\nsysconfig.get_config_vars()\n"
+        "class M(pydantic.BaseModel):\n    x: int = pydantic.Field(1, ge=0)\n"
+    )
+    modules = sorted(path.stem for path in (ROOT / "planning").glob("*.py") if path.stem != "__init__")
     used = top_level_modules_after(
-        "import compressors.spec, compressors.wire\n"
-        "from compressors.wire import wire_bytes\n"
-        "from compressors.spec import make_spec\n"
+        "".join(f"import planning.{name}\n" for name in modules)
+        + "from planning.wire import wire_bytes\n"
+        "from planning.spec import make_spec\n"
         "wire_bytes(make_spec('acpsgd', rank=4), [(64, 32), (64,)], 4)\n"
     )
-    assert "compressors" in used
-    assert "torch" not in used
-    assert "numpy" not in used
+    allowed = set(sys.stdlib_module_names) | baseline | pydantic_alone | {"planning"}
+    assert {"controller", "costmodel", "policy", "protocol", "spec", "wire"} <= set(modules)
+    assert used - allowed == set(), f"planning imported {sorted(used - allowed)}"
 
 
 def test_bare_package_import_is_lazy_and_torch_free():

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers import protocol
+from planning import protocol
 from workers.models import MODEL_NAMES, build_model, count_parameters, default_num_classes, parameter_shapes
 
 #: torchvision's counts with ImageNet heads (num_classes=1000).

@@ -9,9 +9,9 @@ from typing import Callable, Optional
 
 import pytest
 
-from compressors.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, predict_step
-from compressors.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
-from compressors.spec import CompressorSpec, make_spec
+from planning.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, predict_step
+from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
+from planning.spec import CompressorSpec, make_spec
 
 GBIT10 = 1.25e9  # bytes/s
 MBIT50 = 6.25e6

@@ -263,7 +263,7 @@ def test_passive_validates_smoothing() -> None:
 
 @pytest.mark.parametrize("budget", [0.0, 1.0, -0.1])
 def test_a_jobs_probe_budget_must_be_a_fraction(budget: float) -> None:
-    from workers.protocol import TrainConfig
+    from planning.protocol import TrainConfig
 
     with pytest.raises(ValueError, match="probe_budget"):
         TrainConfig(probe_budget=budget)

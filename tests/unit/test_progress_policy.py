@@ -1,4 +1,4 @@
-"""Progress per second as the policy's objective (compressors.progress), on synthetic traces
+"""Progress per second as the policy's objective (planning.progress), on synthetic traces
 with a frozen clock: plain floats, no torch, the policy's DEFAULT bounds unless said."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from compressors.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, candidates, predict_step
-from compressors.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
-from compressors.progress import contraction, error_of, seconds_per_progress
-from compressors.spec import COMPRESSOR_NAMES, make_spec
+from planning.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, candidates, predict_step
+from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
+from planning.progress import contraction, error_of, seconds_per_progress
+from planning.spec import COMPRESSOR_NAMES, make_spec
 
 GBIT10, MBIT50 = 1.25e9, 6.25e6
 LATENCY, WORKERS = 1e-4, 4
@@ -136,7 +136,7 @@ def test_decide_stays_pure_with_errors():
 
 
 def test_estimates_are_calibrated_by_the_running_error_of_their_family():
-    from compressors.progress import calibrated_errors, record_running
+    from planning.progress import calibrated_errors, record_running
 
     estimates = {"none": 0.0, "acpsgd-r4": 0.35, "acpsgd-r8": 0.17, "powersgd-r8": 0.17, "topk-0.01": 0.85}
     assert calibrated_errors(None, ()) is None
@@ -178,8 +178,8 @@ def test_a_running_error_above_the_estimate_moves_the_choice_to_less_lossy():
 
 
 def test_the_worker_report_carries_the_running_compressor_label():
-    from workers.adaptive import policy_measurements
-    from workers.protocol import Telemetry
+    from planning.controller import policy_measurements
+    from planning.protocol import Telemetry
 
     t = Telemetry(step=5, bandwidth_bytes_per_second=MBIT50, compressor="acpsgd", rank=8, compression_error=0.6,
                   compression_error_estimates={"acpsgd-r8": 0.2})

@@ -19,9 +19,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compressors import GradientSync, build
 from compressors.base import GradSlot, run_in_lockstep
-from compressors.costmodel import candidates
 from compressors.quality import ErrorMeter, estimate_errors
-from compressors.spec import make_spec
+from planning.costmodel import candidates
+from planning.spec import make_spec
 
 SHAPES = {"conv.weight": (16, 4, 3, 3), "conv.bias": (16,), "fc.weight": (48, 64), "fc.bias": (48,)}
 CHOICES = [("none", {}), ("fp16", {}), ("bf16", {}), ("signsgd", {}), ("topk", {"ratio": 0.05}),
@@ -164,7 +164,7 @@ def test_the_hook_measures_the_running_error_and_samples_gradients(one_process_g
 
 
 def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group):
-    from workers.protocol import TrainConfig
+    from planning.protocol import TrainConfig
     from workers.quality import QualitySignal
 
     torch.manual_seed(0)

@@ -27,7 +27,7 @@ from benchmarks.simulate import (  # noqa: E402
     speedups,
     validate,
 )
-from compressors.costmodel import CodecCost, Link  # noqa: E402
+from planning.costmodel import CodecCost, Link  # noqa: E402
 from workers.models import parameter_shapes  # noqa: E402
 
 SHAPES = {model: parameter_shapes(model) for model in GPU_COMPUTE}

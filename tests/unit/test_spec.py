@@ -7,7 +7,7 @@ import math
 import pytest
 
 from compressors import build
-from compressors.spec import (
+from planning.spec import (
     COMPRESSOR_NAMES,
     DEFAULT_RANK,
     DEFAULT_RATIO,
@@ -15,7 +15,7 @@ from compressors.spec import (
     spec_from_dict,
     spec_to_dict,
 )
-from compressors.wire import effective_rank, is_compressed, matrix_dims, topk_count, wire_bytes
+from planning.wire import effective_rank, is_compressed, matrix_dims, topk_count, wire_bytes
 
 # A conv weight, its bias, a compressible linear weight, its bias, and a tiny matrix.
 SHAPES = [(16, 8, 3, 3), (16,), (32, 144), (32,), (10, 32), (10,), (3, 4)]

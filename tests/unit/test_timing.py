@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from compressors.sync import StepRecord
-from workers.protocol import ALL_PHASES, HOOK_PHASES, PHASES
+from planning.protocol import ALL_PHASES, HOOK_PHASES, PHASES
 from workers.timing import StepTimer, codec_clock
 
 CPU = torch.device("cpu")

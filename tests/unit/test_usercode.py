@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import torch
 
-from workers.protocol import TrainConfig, auto_checkpoint_every
+from planning.protocol import TrainConfig, auto_checkpoint_every
 from workers.usercode import UserCodeError, build_workload, check_importable, load
 
 

@@ -1,8 +1,8 @@
 """The adaptive decision loop shared by the in-process policy and the coordinator.
 
-Torch-free. Turns what rank 0 reports (:class:`~workers.protocol.Telemetry` with its
-:class:`~workers.protocol.ModelProfile`) into the cost model's inputs, runs the pure
-``compressors.policy.decide`` and keeps its state and the versioned decision. The worker
+Torch-free. Turns what rank 0 reports (:class:`~planning.protocol.Telemetry` with its
+:class:`~planning.protocol.ModelProfile`) into the cost model's inputs, runs the pure
+``planning.policy.decide`` and keeps its state and the versioned decision. The worker
 (no coordinator) and the coordinator (one per job) each hold one :class:`AdaptiveController`,
 so both adapt the same way.
 """
@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from compressors import costmodel
-from compressors.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
-from compressors.spec import COMPRESSOR_NAMES, CompressorSpec, make_spec, spec_to_dict
-from workers.protocol import CompressionConfig, Decision, ModelProfile, Telemetry
+from planning import costmodel
+from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
+from planning.protocol import CompressionConfig, Decision, ModelProfile, Telemetry
+from planning.spec import COMPRESSOR_NAMES, CompressorSpec, make_spec, spec_to_dict
 
 
-def policy_config(compression: CompressionConfig, **overrides: float) -> PolicyConfig:
+def policy_config(compression: CompressionConfig) -> PolicyConfig:
     """The policy's bounds from a job's compression settings."""
     return PolicyConfig(
         allowed=tuple(compression.allowed or COMPRESSOR_NAMES),
@@ -26,7 +26,6 @@ def policy_config(compression: CompressionConfig, **overrides: float) -> PolicyC
         max_rank=compression.max_rank,
         gain_threshold=compression.gain_threshold,
         min_dwell_s=compression.min_dwell_s,
-        **overrides,
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Sequence
 
-from compressors.spec import CompressorSpec
+from planning.spec import CompressorSpec
 
 FP32_BYTES = 4
 INDEX_BYTES = 4  # int32 indices for top-k

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from compressors.spec import COMPRESSOR_NAMES, make_spec
+from planning.spec import COMPRESSOR_NAMES, make_spec
 
 PHASES: tuple[str, ...] = ("data", "forward", "backward", "exposed_comm", "optimizer")
 HOOK_PHASES: tuple[str, ...] = ("compress", "communicate", "decompress")

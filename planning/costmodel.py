@@ -44,8 +44,8 @@ bare model for compressed runs, whose payloads are tiny):
   stream. It matters when the bucket layout changes (tensor fusion off: one collective per
   tensor); a worker's measured backward already includes it for its own layout.
 
-Bytes come from :func:`compressors.wire.tensor_wire_bytes`, so ``bytes_per_step`` equals
-``compressors.wire.wire_bytes``. ACP-SGD alternates P-steps (``4·r·n`` bytes) and Q-steps
+Bytes come from :func:`planning.wire.tensor_wire_bytes`, so ``bytes_per_step`` equals
+``planning.wire.wire_bytes``. ACP-SGD alternates P-steps (``4·r·n`` bytes) and Q-steps
 (``4·r·m``); the model uses the **average step** (``4·r·(n+m)/2`` per matrix), one round.
 
 Pure Python and cached per (spec, shapes, buckets, world size), so thousands of predictions a
@@ -61,8 +61,8 @@ from functools import lru_cache
 from statistics import NormalDist
 from typing import Iterable, Mapping, NamedTuple, Sequence, Union
 
-from compressors.spec import LOW_RANK, CompressorSpec, make_spec
-from compressors.wire import (
+from planning.spec import LOW_RANK, CompressorSpec, make_spec
+from planning.wire import (
     FP32_BYTES,
     effective_rank,
     is_compressed,

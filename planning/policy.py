@@ -22,13 +22,13 @@ Algorithm of :func:`decide`:
    a rank to raise) are excluded; none/fp16/bf16 stay allowed. If nothing allowed passes the
    critical guard, the ordinary guard applies.
 4. **Predict** every candidate that passes the guard, and the current choice, with
-   :func:`compressors.costmodel.predict_step` at the smoothed link, and weigh it by its
+   :func:`planning.costmodel.predict_step` at the smoothed link, and weigh it by its
    measured compression error (``Measurements.errors``, from ``compressors.quality``):
-   the objective is progress per second, ``δ(ε) / step_s`` (:mod:`compressors.progress`),
+   the objective is progress per second, ``δ(ε) / step_s`` (:mod:`planning.progress`),
    i.e. the candidate with the least *time per unit of progress* ``τ = step_s / δ`` wins
    (ties go to the less lossy one). Estimates are calibrated by what the running
    compressor really loses (``Measurements.running_error``, averaged per label in the state;
-   :func:`compressors.progress.calibrated_errors`). A lossy candidate with no error is not
+   :func:`planning.progress.calibrated_errors`). A lossy candidate with no error is not
    chosen while other candidates have one; with no errors at all, ``τ`` is the step time
    (the policy of before the quality signal).
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
@@ -44,7 +44,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Union
 
-from compressors.costmodel import (
+from planning.costmodel import (
     DEFAULT_TOPK_RATIOS,
     Link,
     StepPrediction,
@@ -53,8 +53,8 @@ from compressors.costmodel import (
     candidates,
     predict_step,
 )
-from compressors.progress import Measured, calibrated_errors, error_of, record_running, seconds_per_progress
-from compressors.spec import COMPRESSOR_NAMES, LOW_RANK, CompressorSpec
+from planning.progress import Measured, calibrated_errors, error_of, record_running, seconds_per_progress
+from planning.spec import COMPRESSOR_NAMES, LOW_RANK, CompressorSpec
 
 #: Compressors that lose information and have no rank to raise in a critical regime.
 _LOSSY_WITHOUT_RANK = frozenset({"signsgd", "topk"})
@@ -118,7 +118,7 @@ class Measurements:
     ``latency_s`` is what the telemetry reports (``workers.probe.LinkEstimate.latency_s``):
     the time of a zero-byte all-reduce on the whole group, ``2(N−1)·α``, not α itself.
     ``wake_s`` is the probe's wake-up cost of a collective on an idle link
-    (``compressors.costmodel.Link.wake_s``).
+    (``planning.costmodel.Link.wake_s``).
     """
 
     bandwidth_bytes_per_second: float
@@ -148,7 +148,7 @@ class PolicyState:
     critical_until: float | None = None
     last_switch_at: float | None = None
     switches: int = 0
-    #: Averaged running error of every label that has run (``compressors.progress``).
+    #: Averaged running error of every label that has run (``planning.progress``).
     measured: Measured = ()
 
 
