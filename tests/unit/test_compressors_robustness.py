@@ -175,6 +175,20 @@ def test_a_nonfinite_step_is_nonfinite_on_every_rank_and_undone_exactly(name, po
             assert torch.equal(got[0][k], expected[0][k]), (t, k)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_finiteness_verdict_is_exact_when_a_sum_of_finite_values_overflows(dtype):
+    compressor = build("topk", ratio=0.5)
+    big = torch.finfo(dtype).max
+    compressor.observe(torch.tensor([big, big, -1.0], dtype=dtype))  # the sum overflows, all finite
+    compressor.observe(torch.ones(4, dtype=dtype))
+    assert compressor.settle() is True
+    for poison in (float("inf"), float("-inf"), float("nan")):
+        compressor.observe(torch.tensor([big, big], dtype=dtype))
+        compressor.observe(torch.tensor([1.0, poison, 2.0], dtype=dtype))
+        assert compressor.settle() is False
+    assert compressor.settle() is True  # nothing observed since: a finite (empty) step
+
+
 # -- nothing to compress -----------------------------------------------------------------------
 
 
