@@ -1,7 +1,8 @@
 """The adaptive loop around ``planning.policy.decide``, on a frozen clock."""
 
 from coordinator.decisions import DecisionLoop
-from coordinator.schemas import DecisionRecord, PinnedPolicy
+from coordinator.schemas import PinnedPolicy
+from planning.decision import Decision
 from planning.policy import PolicyConfig
 from planning.protocol import CompressionConfig, ModelProfile, Telemetry
 
@@ -45,7 +46,7 @@ def test_switch_is_versioned_with_reason_and_gain_then_dwell_holds_it():
 
 def test_after_a_restart_the_dwell_counts_from_the_last_stored_switch():
     loop = DecisionLoop()  # a fresh process: no policy state in memory
-    last = DecisionRecord(version=3, compressor="none", params={}, reason="", source="policy", at=100.0)
+    last = Decision(version=3, compressor="none", params={}, reason="", source="policy", at=100.0)
     assert loop.on_report("j", "adaptive", ADAPTIVE, last, tele(200, SLOW, PROFILE), PROFILE, 100.0 + DWELL / 2) is None
     assert loop.on_report("j", "adaptive", ADAPTIVE, last, tele(210, SLOW, PROFILE), PROFILE,
                           101.0 + DWELL).version == 4
@@ -53,7 +54,7 @@ def test_after_a_restart_the_dwell_counts_from_the_last_stored_switch():
 
 def test_pin_then_release_switches_at_the_next_report():
     loop, v0 = DecisionLoop(), DecisionLoop.initial(ADAPTIVE, 0.0)
-    v1 = loop.pin("j", PinnedPolicy(mode="pinned", compressor="powersgd", rank=8), v0, 5.0)
+    v1 = loop.pin("j", ADAPTIVE, PinnedPolicy(mode="pinned", compressor="powersgd", rank=8), v0, 5.0)
     assert (v1.version, v1.compressor, v1.params, v1.source, v1.reason) == (
         1, "powersgd", {"rank": 8}, "pinned", "pinned by operator: powersgd-r8")
     loop.release("j")
