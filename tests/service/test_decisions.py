@@ -1,5 +1,7 @@
 """The adaptive loop around ``planning.policy.decide``, on a frozen clock."""
 
+import pytest
+
 from coordinator.decisions import DecisionLoop
 from coordinator.schemas import PinnedPolicy
 from planning.decision import Decision
@@ -80,3 +82,22 @@ def test_a_world_size_change_is_decided_again_at_once_and_a_lone_worker_drops_co
     # the node is back within the dwell: the job is decided again for 2 workers on the slow link
     v2 = loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(40, SLOW), PROFILE, 3.0)
     assert (v2.version, v2.compressor, v2.source) == (2, "acpsgd", "policy") and "2 workers" in v2.reason
+
+
+def test_a_decision_without_source_or_time_is_not_stored(tmp_path):
+    """The store keeps who made a decision and when; one missing either is refused whole."""
+    from coordinator.schemas import JobSpec
+    from coordinator.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        spec = JobSpec(compression=ADAPTIVE)
+        store.create_job(job_id="j", spec=spec, worker_token="t", policy_mode="adaptive",
+                         decision=DecisionLoop.initial(ADAPTIVE, 1.0), now=1.0)
+        unsourced = Decision(version=1, compressor="none", reason="made elsewhere")
+        with pytest.raises(ValueError, match="v1: a stored decision needs its source and time"):
+            store.set_decision("j", unsourced, policy_mode="pinned", now=2.0)
+        assert [d.version for d in store.decisions("j")] == [0]
+        assert store.get_job("j").policy_mode == "adaptive"  # the whole write was rolled back
+    finally:
+        store.close()
