@@ -52,7 +52,10 @@ class DecisionLoop:
         if mode != "adaptive":
             return None
         with self._lock:
-            return self._controller(job_id, cfg, current).observe(t, now, profile)
+            controller = self._controller(job_id, cfg, current)
+            if controller.pinned:  # a pin whose write failed: the stored mode is the truth
+                controller.release()
+            return controller.observe(t, now, profile)
 
     def pin(self, job_id: str, cfg: CompressionConfig, request: PinnedPolicy, current: Decision,
             now: float) -> Decision:

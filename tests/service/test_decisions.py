@@ -101,3 +101,12 @@ def test_a_decision_without_source_or_time_is_not_stored(tmp_path):
         assert store.get_job("j").policy_mode == "adaptive"  # the whole write was rolled back
     finally:
         store.close()
+
+
+def test_a_pin_that_never_reached_the_store_does_not_stop_the_policy():
+    """The stored policy mode and decision are the truth: if writing a pin failed, the job is
+    still adaptive at the version the store holds."""
+    loop, v0 = DecisionLoop(), DecisionLoop.initial(ADAPTIVE, 0.0)
+    loop.pin("j", ADAPTIVE, PinnedPolicy(mode="pinned", compressor="powersgd", rank=8), v0, 5.0)
+    v1 = loop.on_report("j", "adaptive", ADAPTIVE, v0, tele(20, FAST, PROFILE), PROFILE, 6.0)
+    assert (v1.version, v1.compressor, v1.source) == (1, "none", "policy")
