@@ -1,135 +1,75 @@
-"""The adaptive loop: telemetry in, versioned decisions out.
+"""The coordinator's side of adaptation: one :class:`~planning.controller.AdaptiveController`
+per job, steered by the job's stored policy mode.
 
-The choice itself is ``planning.policy.decide`` — a pure function of (state, measurements,
-config, now) with the cost model and hysteresis inside it (docs/decisions.md, "The policy") — fed exactly as the
-in-process policy on rank 0 feeds it (``planning.controller.policy_config`` / ``step_profile``),
-so a job adapts the same way with or without a coordinator. This module owns everything
-around it, and never decides on its own:
+The controller is the one the worker's in-process mode uses (``planning/controller.py``), so a
+job adapts the same way with or without a coordinator; it turns a report into the policy's
+inputs, runs ``planning.policy.decide``, versions the decision and handles the pin. This
+module adds only what the coordinator knows and the worker does not:
 
-* which jobs the policy steers (``adaptive``; not ``fixed`` or ``pinned``),
-* turning a telemetry report into the policy's inputs (``planning.controller.policy_measurements``, shared with the in-process policy), including the
-  job's :class:`~planning.protocol.ModelProfile`, sent by rank 0 at least once,
-* decision versions, reasons and predicted gains, and the operator's pin/release.
+* which jobs the policy steers: the job's ``policy_mode`` from the store (``adaptive``; not
+  ``fixed`` or ``pinned``), so a pin survives a coordinator restart;
+* the decision in force from the store (``JobService`` passes it in), which the controller
+  follows, and the job's stored :class:`~planning.protocol.ModelProfile`, sent by rank 0 once.
 
-The policy state lives in memory, one entry per job; after a coordinator restart it starts
-afresh, with the dwell clock set by the job's latest stored decision.
+``JobService`` persists what comes out (``Store.record_report`` / ``set_decision``). The
+controllers live in memory; after a coordinator restart one starts afresh from the latest
+stored decision, with the dwell clock set by it if the policy made it.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
 
-from coordinator.schemas import DecisionRecord, PinnedPolicy
-from planning import policy
-from planning.controller import policy_config, policy_measurements, step_profile
-from planning.costmodel import StepProfile, candidates
+from coordinator.schemas import PinnedPolicy
+from planning.controller import AdaptiveController, initial_decision
+from planning.decision import Decision
 from planning.protocol import CompressionConfig, ModelProfile, Telemetry
-from planning.spec import CompressorSpec, make_spec, spec_to_dict
-
-
-@dataclass(frozen=True)
-class _JobPolicy:
-    """Per job: the policy's own state and the cost-model profile built from the worker's."""
-
-    state: policy.PolicyState
-    profile: StepProfile | None = None
-    source: ModelProfile | None = None
-    #: The world size of the last report, and the last bandwidth a report with peers measured.
-    world_size: int | None = None
-    bandwidth: float | None = None
-
-
-def _step_profile(profile: ModelProfile, cfg: CompressionConfig) -> StepProfile:
-    """The cost model's view of the job's model, built exactly as the in-process policy does."""
-    config = policy_config(cfg)
-    return step_profile(profile, candidates(config.allowed, config.min_rank, config.max_rank, config.topk_ratios))
-
-
-def spec_of(d: DecisionRecord) -> CompressorSpec:
-    return make_spec(d.compressor, **d.params)
-
-
-def _switch_params(spec: CompressorSpec) -> dict[str, object]:
-    """Wire params of a mid-run switch: only what selects the compressor (no warm-up again)."""
-    return {k: v for k, v in spec_to_dict(spec).items() if k in ("rank", "ratio")}
+from planning.spec import make_spec
 
 
 class DecisionLoop:
-    """Turns reports and operator requests into versioned :class:`DecisionRecord` s."""
+    """A per-job map of adaptive controllers."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, _JobPolicy] = {}
+        self._jobs: dict[str, AdaptiveController] = {}
         self._lock = threading.Lock()
 
     @staticmethod
-    def initial(cfg: CompressionConfig, now: float) -> DecisionRecord:
-        """Version 0: exactly the compression the job's workers start with."""
-        return DecisionRecord(
-            version=0, compressor=cfg.compressor, params=cfg.compressor_params(),
-            reason=f"job spec ({cfg.mode})", predicted_gain=None, source="config", at=now,
-        )
+    def initial(cfg: CompressionConfig, now: float) -> Decision:
+        """Version 0, stored at submit: exactly the compression the job's workers start with."""
+        return initial_decision(cfg, at=now)
 
-    def on_report(self, job_id: str, mode: str, cfg: CompressionConfig, current: DecisionRecord,
-                  t: Telemetry, profile: ModelProfile | None, now: float) -> DecisionRecord | None:
+    def _controller(self, job_id: str, cfg: CompressionConfig, current: Decision) -> AdaptiveController:
+        controller = self._jobs.get(job_id)
+        if controller is None:
+            controller = self._jobs[job_id] = AdaptiveController(cfg, current=current)
+        controller.follow(current)
+        return controller
+
+    def on_report(self, job_id: str, mode: str, cfg: CompressionConfig, current: Decision,
+                  t: Telemetry, profile: ModelProfile | None, now: float) -> Decision | None:
         """A new decision when the adaptive policy switches, else None (keep)."""
         if mode != "adaptive":
             return None
         with self._lock:
-            job = self._jobs.get(job_id) or _JobPolicy(state=_fresh_state(current))
-            if profile is not None and profile != job.source:
-                job = replace(job, profile=_step_profile(profile, cfg), source=profile)
-            job, t = _for_world_size(job, t)
-            inputs = policy_measurements(t, job.profile, spec_of(current))
-            if inputs is None:
-                self._jobs[job_id] = job
-                return None
-            action, state = policy.decide(job.state, inputs, policy_config(cfg), now)
-            self._jobs[job_id] = replace(job, state=state)
-        if isinstance(action, policy.Keep):
-            return None
-        return DecisionRecord(
-            version=current.version + 1, compressor=action.spec.name, params=_switch_params(action.spec),
-            reason=action.reason, predicted_gain=round(action.gain, 4), source="policy", at=now,
-        )
+            controller = self._controller(job_id, cfg, current)
+            if controller.pinned:  # a pin whose write failed: the stored mode is the truth
+                controller.release()
+            return controller.observe(t, now, profile)
 
-    def pin(self, job_id: str, request: PinnedPolicy, current: DecisionRecord, now: float) -> DecisionRecord:
+    def pin(self, job_id: str, cfg: CompressionConfig, request: PinnedPolicy, current: Decision,
+            now: float) -> Decision:
         spec = make_spec(request.compressor, **request.params())
         with self._lock:
-            job = self._jobs.get(job_id) or _JobPolicy(state=_fresh_state(current))
-            self._jobs[job_id] = replace(job, state=replace(job.state, last_switch_at=now))
-        return DecisionRecord(
-            version=current.version + 1, compressor=spec.name, params=_switch_params(spec),
-            reason=f"pinned by operator: {spec.label}", predicted_gain=None, source="pinned", at=now,
-        )
+            return self._controller(job_id, cfg, current).pin(spec, now)
 
     def release(self, job_id: str) -> None:
         """Back to adaptive: the next report may switch at once (no dwell after a pin)."""
         with self._lock:
-            job = self._jobs.get(job_id)
-            if job is not None:
-                self._jobs[job_id] = replace(job, state=replace(job.state, last_switch_at=None))
+            controller = self._jobs.get(job_id)
+            if controller is not None:
+                controller.release()
 
     def forget(self, job_id: str) -> None:
         with self._lock:
             self._jobs.pop(job_id, None)
-
-
-def _for_world_size(job: _JobPolicy, t: Telemetry) -> tuple[_JobPolicy, Telemetry]:
-    """An elastic job's world size changed (a node went away or came back): the choice in
-    force was made for the old size, so the policy decides again at once (no dwell). A lone
-    worker measures no link; its report gets the last bandwidth measured with peers, which
-    costs nothing at world size 1 (no collective has a peer) and keeps the policy's estimate
-    for when the job grows back."""
-    if job.world_size is not None and t.world_size != job.world_size:
-        job = replace(job, state=replace(job.state, last_switch_at=None))
-    job = replace(job, world_size=t.world_size)
-    if t.world_size > 1 and t.bandwidth_bytes_per_second is not None:
-        job = replace(job, bandwidth=t.bandwidth_bytes_per_second)
-    elif t.world_size == 1 and t.bandwidth_bytes_per_second is None and job.bandwidth is not None:
-        t = t.model_copy(update={"bandwidth_bytes_per_second": job.bandwidth})
-    return job, t
-
-
-def _fresh_state(current: DecisionRecord) -> policy.PolicyState:
-    return policy.PolicyState(last_switch_at=current.at if current.version > 0 and current.source == "policy" else None)

@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from planning.decision import Decision
 from planning.protocol import (
     DATASET_NAMES,
     MODEL_NAMES,
@@ -167,16 +168,9 @@ class PolicyView(BaseModel):
     decision_version: int
 
 
-class DecisionRecord(BaseModel):
-    """One stored decision: the wire ``Decision`` plus when and why it was made."""
-
-    version: int
-    compressor: str
-    params: dict[str, Any]
-    reason: str
-    predicted_gain: float | None = None
-    source: Literal["config", "policy", "pinned", "released"]
-    at: float
+#: A stored decision is the wire decision (``planning.decision.Decision``: one type from the
+#: controller through the wire to the store and the REST history, with ``source`` and ``at``).
+DecisionRecord = Decision
 
 
 class Transition(BaseModel):
@@ -258,7 +252,7 @@ class JobCreated(JobStatus):
 class JobHistory(BaseModel):
     job: JobStatus
     telemetry: list[TelemetryPoint]
-    decisions: list[DecisionRecord]
+    decisions: list[Decision]
     transitions: list[Transition]
     #: Worker group starts and restarts, oldest first.
     worker_groups: list[WorkerGroupEvent] = []

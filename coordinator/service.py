@@ -19,7 +19,6 @@ from coordinator.launcher import Launcher, RayUnavailable
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.schemas import (
     AdaptivePolicy,
-    DecisionRecord,
     JobHistory,
     JobSpec,
     PinnedPolicy,
@@ -29,7 +28,8 @@ from coordinator.schemas import (
 )
 from coordinator.settings import Settings
 from coordinator.store import InvalidTransition, JobRecord, Store
-from planning.protocol import PHASES, Decision, Telemetry
+from planning.decision import Decision
+from planning.protocol import PHASES, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class JobService:
             current = self._latest(job_id)
             now = self._clock()
             if isinstance(request, PinnedPolicy):
-                decision = self.decisions.pin(job_id, request, current, now)
+                decision = self.decisions.pin(job_id, job.spec.compression, request, current, now)
                 self.store.set_decision(job_id, decision, policy_mode="pinned", now=now)
                 self.metrics.record_switch(job_id)
             else:
@@ -168,11 +168,11 @@ class JobService:
             raise Forbidden("missing or wrong job token")
         return job
 
-    def current_decision(self, job_id: str) -> DecisionRecord:
+    def current_decision(self, job_id: str) -> Decision:
         self.get(job_id)
         return self._latest(job_id)
 
-    def _latest(self, job_id: str) -> DecisionRecord:
+    def _latest(self, job_id: str) -> Decision:
         decision = self.store.latest_decision(job_id)
         if decision is None:  # every job is created with version 0; missing means corruption
             raise JobNotFound(job_id)
@@ -212,8 +212,7 @@ class JobService:
             final = decision or current
             if job.spec.external and _last_step(job, t):
                 self.finish(job_id, "succeeded", "training finished (reported by the external job's workers)")
-            return Decision(version=final.version, compressor=final.compressor, params=final.params,
-                            reason=final.reason, predicted_gain=final.predicted_gain)
+            return final
 
     def _note_worker_group(self, job: JobRecord, t: Telemetry, now: float) -> None:
         """A report from a worker group not seen before: the first one, or a restart (Ray

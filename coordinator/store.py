@@ -543,6 +543,8 @@ class Store:
         s.add(EventRow(job_id=job_id, at=at, kind=kind, data=data))
 
     def _add_decision(self, s: Session, job_id: str, d: DecisionRecord) -> None:
+        if d.source is None or d.at is None:  # the coordinator's decisions always say both
+            raise ValueError(f"decision v{d.version}: a stored decision needs its source and time")
         self._pending.append((job_id, d))
         s.add(DecisionRow(job_id=job_id, version=d.version, compressor=d.compressor, params=d.params,
                           reason=d.reason, predicted_gain=d.predicted_gain, source=d.source, at=d.at))

@@ -1,21 +1,28 @@
-"""The adaptive decision loop shared by the in-process policy and the coordinator.
+"""The one adaptive controller: the worker's in-process mode and the coordinator both use it.
 
 Torch-free. Turns what rank 0 reports (:class:`~planning.protocol.Telemetry` with its
 :class:`~planning.protocol.ModelProfile`) into the cost model's inputs, runs the pure
-``planning.policy.decide`` and keeps its state and the versioned decision. The worker
-(no coordinator) and the coordinator (one per job) each hold one :class:`AdaptiveController`,
-so both adapt the same way.
+``planning.policy.decide`` and keeps its state, the versioned :class:`~planning.decision.Decision`
+in force, and the operator's pin. Rank 0 without a coordinator holds one
+(``workers.control.InProcessPolicy``); the coordinator holds one per job
+(``coordinator.decisions.DecisionLoop``, which adds the job's policy mode and the store), so a
+job adapts the same way with or without a coordinator (``tests/unit/test_one_controller.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from planning import costmodel
+from planning.decision import Decision, DecisionSource, decision_for, switch_params
 from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
-from planning.protocol import CompressionConfig, Decision, ModelProfile, Telemetry
-from planning.spec import COMPRESSOR_NAMES, CompressorSpec, make_spec, spec_to_dict
+from planning.protocol import CompressionConfig, ModelProfile, Telemetry
+from planning.spec import COMPRESSOR_NAMES, CompressorSpec, make_spec
+
+__all__ = ["AdaptiveController", "decision_for", "initial_decision", "policy_config", "policy_measurements",
+           "step_profile"]
+
+WAITING = "waiting for a model profile and a bandwidth measurement"
 
 
 def policy_config(compression: CompressionConfig) -> PolicyConfig:
@@ -27,6 +34,12 @@ def policy_config(compression: CompressionConfig) -> PolicyConfig:
         gain_threshold=compression.gain_threshold,
         min_dwell_s=compression.min_dwell_s,
     )
+
+
+def initial_decision(compression: CompressionConfig, at: float | None = None) -> Decision:
+    """Version 0: exactly the compression the job's workers start with."""
+    return Decision(version=0, compressor=compression.compressor, params=compression.compressor_params(),
+                    reason=f"job spec ({compression.mode})", source="config", at=at)
 
 
 def step_profile(profile: ModelProfile, candidates: tuple[CompressorSpec, ...]) -> costmodel.StepProfile:
@@ -80,64 +93,93 @@ def _running_error(telemetry: Telemetry) -> tuple[str, float] | None:
     return make_spec(telemetry.compressor, **params).label, telemetry.compression_error
 
 
-def decision_for(spec: CompressorSpec, version: int, reason: str, gain: float | None = None) -> Decision:
-    data = spec_to_dict(spec)
-    name = data.pop("name")
-    return Decision(version=version, compressor=name, params=data, reason=reason, predicted_gain=gain)
-
-
-@dataclass
-class Outcome:
-    """What one observation led to: the decision in force and whether it is new."""
-
-    decision: Decision
-    changed: bool
-    reason: str
+def _fresh_state(current: Decision) -> PolicyState:
+    """A controller that starts mid-job (a coordinator restart, a resumed worker) counts the
+    dwell from the decision in force if the policy made it."""
+    made_by_policy = current.version > 0 and current.source == "policy" and current.at is not None
+    return PolicyState(last_switch_at=current.at if made_by_policy else None)
 
 
 class AdaptiveController:
-    """Holds the policy state and the current decision of one job."""
+    """One job's adaptive policy: its state, the decision in force, and the pin."""
 
-    def __init__(self, compression: CompressionConfig, *, start: CompressorSpec | None = None) -> None:
+    def __init__(self, compression: CompressionConfig, *, current: Decision | None = None) -> None:
         self.config = policy_config(compression)
-        first = start or make_spec(compression.compressor, **compression.compressor_params())
-        self.decision = decision_for(first, 0, "initial choice from the job spec")
-        self.state = PolicyState()
+        self.decision = current or initial_decision(compression)
+        self.state = _fresh_state(self.decision)
         self.pinned = False
-        self._profile: ModelProfile | None = None
+        #: Reports on which the policy itself ran, and the reason of its last verdict (or why
+        #: it did not run); the worker's run summary shows both.
+        self.evaluations = 0
+        self.last_reason = ""
         self._candidates = costmodel.candidates(
             self.config.allowed, self.config.min_rank, self.config.max_rank, self.config.topk_ratios
         )
+        self._profile: ModelProfile | None = None
         self._step_profile: costmodel.StepProfile | None = None
+        #: The world size of the last report, and the last bandwidth a report with peers measured.
+        self._world_size: int | None = None
+        self._bandwidth: float | None = None
 
     @property
     def current_spec(self) -> CompressorSpec:
-        return make_spec(self.decision.compressor, **self.decision.params)
+        return self.decision.spec
 
-    def pin(self, spec: CompressorSpec, reason: str = "pinned by the user") -> Decision:
+    def follow(self, decision: Decision) -> None:
+        """Take the decision in force from whoever keeps it (the coordinator's store)."""
+        if decision.version != self.decision.version:
+            self.decision = decision
+
+    def pin(self, spec: CompressorSpec, now: float) -> Decision:
         """Fix the choice: the policy stops deciding until :meth:`release`."""
         self.pinned = True
-        return self._set(spec, reason, None)
+        self.state = dataclasses.replace(self.state, last_switch_at=now)
+        return self._next(spec, f"pinned by operator: {spec.label}", None, "pinned", now)
 
     def release(self) -> None:
+        """Back to adaptive: the next report may switch at once (no dwell after a pin)."""
         self.pinned = False
+        self.state = dataclasses.replace(self.state, last_switch_at=None)
 
-    def observe(self, telemetry: Telemetry, now: float) -> Outcome:
-        """Feed one report; returns the decision in force afterwards."""
-        if telemetry.profile is not None:
-            self._profile = telemetry.profile
-            self._step_profile = step_profile(telemetry.profile, self._candidates)
+    def observe(self, telemetry: Telemetry, now: float, profile: ModelProfile | None = None) -> Decision | None:
+        """Feed one report (``profile``: the job's model profile if the report has none);
+        returns the new decision when the policy switches, else None."""
+        profile = telemetry.profile or profile
+        if profile is not None and profile != self._profile:
+            self._profile, self._step_profile = profile, step_profile(profile, self._candidates)
         if self.pinned:
-            return Outcome(self.decision, False, "pinned")
+            self.last_reason = "pinned"
+            return None
+        telemetry = self._for_world_size(telemetry)
         measurements = policy_measurements(telemetry, self._step_profile, self.current_spec)
         if measurements is None:
-            return Outcome(self.decision, False, "waiting for a model profile and a bandwidth measurement")
+            self.last_reason = WAITING
+            return None
         verdict, self.state = decide(self.state, measurements, self.config, now)
-        if isinstance(verdict, Switch):
-            return Outcome(self._set(verdict.spec, verdict.reason, verdict.gain), True, verdict.reason)
-        assert isinstance(verdict, Keep)
-        return Outcome(self.decision, False, verdict.reason)
+        self.evaluations += 1
+        self.last_reason = verdict.reason
+        if isinstance(verdict, Keep):
+            return None
+        assert isinstance(verdict, Switch)
+        return self._next(verdict.spec, verdict.reason, round(verdict.gain, 4), "policy", now)
 
-    def _set(self, spec: CompressorSpec, reason: str, gain: float | None) -> Decision:
-        self.decision = decision_for(spec, self.decision.version + 1, reason, gain)
+    def _for_world_size(self, t: Telemetry) -> Telemetry:
+        """An elastic job's world size changed (a node went away or came back): the choice in
+        force was made for the old size, so the policy decides again at once (no dwell). A lone
+        worker measures no link; its report gets the last bandwidth measured with peers, which
+        costs nothing at world size 1 (no collective has a peer) and keeps the policy's estimate
+        for when the job grows back."""
+        if self._world_size is not None and t.world_size != self._world_size:
+            self.state = dataclasses.replace(self.state, last_switch_at=None)
+        self._world_size = t.world_size
+        if t.world_size > 1 and t.bandwidth_bytes_per_second is not None:
+            self._bandwidth = t.bandwidth_bytes_per_second
+        elif t.world_size == 1 and t.bandwidth_bytes_per_second is None and self._bandwidth is not None:
+            t = t.model_copy(update={"bandwidth_bytes_per_second": self._bandwidth})
+        return t
+
+    def _next(self, spec: CompressorSpec, reason: str, gain: float | None, source: DecisionSource,
+              now: float) -> Decision:
+        self.decision = Decision(version=self.decision.version + 1, compressor=spec.name, params=switch_params(spec),
+                                 reason=reason, predicted_gain=gain, source=source, at=now)
         return self.decision

@@ -173,7 +173,9 @@ class Switch:
     reason: str
 
 
-Decision = Union[Keep, Switch]
+#: What :func:`decide` returns; ``planning.controller`` turns a ``Switch`` into the next
+#: versioned ``planning.decision.Decision``.
+Verdict = Union[Keep, Switch]
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,8 +326,8 @@ def _alpha(all_reduce_latency_s: float, world_size: int) -> float:
 
 def decide(
     state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float
-) -> tuple[Decision, PolicyState]:
-    """Keep the current compressor or switch; returns the decision and the next state."""
+) -> tuple[Verdict, PolicyState]:
+    """Keep the current compressor or switch; returns the verdict and the next state."""
     state = _smooth_link(state, m, cfg, now)
     critical_why, state = _critical_regime(state, m, cfg, now)
     if m.running_error is not None:

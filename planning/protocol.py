@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planning.decision import Decision as Decision  # the one decision type, re-exported for the wire
 from planning.spec import COMPRESSOR_NAMES, make_spec
 
 PHASES: tuple[str, ...] = ("data", "forward", "backward", "exposed_comm", "optimizer")
@@ -391,18 +392,3 @@ class Telemetry(_Strict):
             if not 0 <= error <= 1:
                 raise ValueError(f"compression_error_estimates[{label!r}]: must be in [0, 1], got {error}")
         return value
-
-
-class Decision(_Strict):
-    """The compressor every rank should use; ``version`` grows with each change."""
-
-    version: int = Field(default=0, ge=0)
-    compressor: str
-    params: dict[str, Any] = {}
-    reason: str = ""
-    predicted_gain: float | None = None
-
-    @model_validator(mode="after")
-    def _valid_compressor(self) -> "Decision":
-        make_spec(self.compressor, **self.params)
-        return self

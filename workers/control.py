@@ -23,7 +23,8 @@ from typing import Any, Callable, Protocol
 import torch.distributed as dist
 
 from planning.controller import AdaptiveController
-from planning.protocol import CompressionConfig, Decision, Telemetry
+from planning.decision import Decision
+from planning.protocol import CompressionConfig, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -167,31 +168,36 @@ class FixedDecision:
 
 
 class InProcessPolicy:
-    """The adaptive policy run on rank 0 itself, when there is no coordinator."""
+    """The adaptive policy run on rank 0 itself, when there is no coordinator: the same
+    :class:`~planning.controller.AdaptiveController` the coordinator holds per job, on this
+    process's clock; ``initial`` is the decision in force (a resumed run's, from its checkpoint)."""
 
-    def __init__(self, compression: CompressionConfig, clock: Callable[[], float] = time.monotonic) -> None:
-        self.controller = AdaptiveController(compression)
+    def __init__(self, compression: CompressionConfig, initial: Decision | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.controller = AdaptiveController(compression, current=initial)
         self._clock = clock
-        #: Reports on which the policy itself ran (had a profile and a bandwidth), and why it
-        #: chose what it chose the last time; the run summary shows both.
-        self.evaluations = 0
-        self.last_reason = ""
+
+    @property
+    def evaluations(self) -> int:
+        """Reports on which the policy itself ran (had a profile and a bandwidth)."""
+        return self.controller.evaluations
+
+    @property
+    def last_reason(self) -> str:
+        """Why the policy chose what it chose the last time; the run summary shows it."""
+        return self.controller.last_reason
 
     def current(self) -> Decision | None:
         return self.controller.decision
 
     def observe(self, telemetry: Telemetry) -> None:
-        before = self.controller.state
         try:
-            outcome = self.controller.observe(telemetry, self._clock())
+            decision = self.controller.observe(telemetry, self._clock())
         except Exception:  # noqa: BLE001 - a policy bug must not stop training
             log.exception("adaptive policy failed; keeping the current decision")
             return
-        if self.controller.state is not before:  # decide() ran: it always returns a new state
-            self.evaluations += 1
-        self.last_reason = outcome.reason
-        if outcome.changed:
-            log.info("policy: switch to %s (%s)", outcome.decision.compressor, outcome.reason)
+        if decision is not None:
+            log.info("policy: switch to %s (%s)", decision.compressor, decision.reason)
 
 
 # --------------------------------------------------------------------------- agreement

@@ -307,7 +307,7 @@ def _decision_source(cfg: TrainConfig, env: WorkerEnv, initial: Decision) -> Dec
     if cfg.coordinator_url and cfg.job_id:
         return CoordinatorClient(cfg.coordinator_url, cfg.job_id, cfg.job_token)
     if cfg.compression.mode == "adaptive":
-        return InProcessPolicy(cfg.compression)
+        return InProcessPolicy(cfg.compression, initial)
     return FixedDecision(initial)
 
 

@@ -244,7 +244,7 @@ def _source(cfg: TrainConfig, initial: Decision, coordinator: str | JobLink | No
         log.info("gradwire: reporting to %s as job %s", link.url, link.job_id)
         return client, [client]
     if cfg.compression.mode == "adaptive":
-        return InProcessPolicy(cfg.compression), []
+        return InProcessPolicy(cfg.compression, initial), []
     return FixedDecision(initial), []
 
 

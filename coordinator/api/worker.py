@@ -5,7 +5,8 @@ These are the coordinator's hot path (every rank 0 reports every few seconds; a 
 cluster sends thousands of reports a second), so they run on the event loop itself: the
 work is in-memory (the store caches job rows) plus one short SQLite transaction, cheaper
 than the hop to a worker thread. The answer is serialised once, without FastAPI's second
-validation of the response model (the ``Decision`` was validated when it was built)."""
+validation of the response model (the ``Decision`` was validated when it was built; it is
+the one the store keeps, ``source`` and ``at`` included)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from coordinator.api.deps import bearer, get_service, worker_job
 from coordinator.schemas import TelemetryReport
 from coordinator.service import JobService
 from coordinator.store import JobRecord
-from planning.protocol import Decision
+from planning.decision import Decision
 
 router = APIRouter(prefix="/v1/jobs", tags=["workers"])
 
@@ -37,6 +38,4 @@ async def post_telemetry(job_id: str, telemetry: TelemetryReport, request: Reque
 
 @router.get("/{job_id}/decision", response_model=Decision)
 async def get_decision(job: JobRecord = Depends(worker_job), service: JobService = Depends(get_service)) -> Response:
-    d = service.current_decision(job.id)
-    return _json(Decision(version=d.version, compressor=d.compressor, params=d.params, reason=d.reason,
-                          predicted_gain=d.predicted_gain))
+    return _json(service.current_decision(job.id))

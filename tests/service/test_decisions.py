@@ -1,7 +1,10 @@
 """The adaptive loop around ``planning.policy.decide``, on a frozen clock."""
 
+import pytest
+
 from coordinator.decisions import DecisionLoop
-from coordinator.schemas import DecisionRecord, PinnedPolicy
+from coordinator.schemas import PinnedPolicy
+from planning.decision import Decision
 from planning.policy import PolicyConfig
 from planning.protocol import CompressionConfig, ModelProfile, Telemetry
 
@@ -45,7 +48,7 @@ def test_switch_is_versioned_with_reason_and_gain_then_dwell_holds_it():
 
 def test_after_a_restart_the_dwell_counts_from_the_last_stored_switch():
     loop = DecisionLoop()  # a fresh process: no policy state in memory
-    last = DecisionRecord(version=3, compressor="none", params={}, reason="", source="policy", at=100.0)
+    last = Decision(version=3, compressor="none", params={}, reason="", source="policy", at=100.0)
     assert loop.on_report("j", "adaptive", ADAPTIVE, last, tele(200, SLOW, PROFILE), PROFILE, 100.0 + DWELL / 2) is None
     assert loop.on_report("j", "adaptive", ADAPTIVE, last, tele(210, SLOW, PROFILE), PROFILE,
                           101.0 + DWELL).version == 4
@@ -53,7 +56,7 @@ def test_after_a_restart_the_dwell_counts_from_the_last_stored_switch():
 
 def test_pin_then_release_switches_at_the_next_report():
     loop, v0 = DecisionLoop(), DecisionLoop.initial(ADAPTIVE, 0.0)
-    v1 = loop.pin("j", PinnedPolicy(mode="pinned", compressor="powersgd", rank=8), v0, 5.0)
+    v1 = loop.pin("j", ADAPTIVE, PinnedPolicy(mode="pinned", compressor="powersgd", rank=8), v0, 5.0)
     assert (v1.version, v1.compressor, v1.params, v1.source, v1.reason) == (
         1, "powersgd", {"rank": 8}, "pinned", "pinned by operator: powersgd-r8")
     loop.release("j")
@@ -79,3 +82,31 @@ def test_a_world_size_change_is_decided_again_at_once_and_a_lone_worker_drops_co
     # the node is back within the dwell: the job is decided again for 2 workers on the slow link
     v2 = loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(40, SLOW), PROFILE, 3.0)
     assert (v2.version, v2.compressor, v2.source) == (2, "acpsgd", "policy") and "2 workers" in v2.reason
+
+
+def test_a_decision_without_source_or_time_is_not_stored(tmp_path):
+    """The store keeps who made a decision and when; one missing either is refused whole."""
+    from coordinator.schemas import JobSpec
+    from coordinator.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        spec = JobSpec(compression=ADAPTIVE)
+        store.create_job(job_id="j", spec=spec, worker_token="t", policy_mode="adaptive",
+                         decision=DecisionLoop.initial(ADAPTIVE, 1.0), now=1.0)
+        unsourced = Decision(version=1, compressor="none", reason="made elsewhere")
+        with pytest.raises(ValueError, match="v1: a stored decision needs its source and time"):
+            store.set_decision("j", unsourced, policy_mode="pinned", now=2.0)
+        assert [d.version for d in store.decisions("j")] == [0]
+        assert store.get_job("j").policy_mode == "adaptive"  # the whole write was rolled back
+    finally:
+        store.close()
+
+
+def test_a_pin_that_never_reached_the_store_does_not_stop_the_policy():
+    """The stored policy mode and decision are the truth: if writing a pin failed, the job is
+    still adaptive at the version the store holds."""
+    loop, v0 = DecisionLoop(), DecisionLoop.initial(ADAPTIVE, 0.0)
+    loop.pin("j", ADAPTIVE, PinnedPolicy(mode="pinned", compressor="powersgd", rank=8), v0, 5.0)
+    v1 = loop.on_report("j", "adaptive", ADAPTIVE, v0, tele(20, FAST, PROFILE), PROFILE, 6.0)
+    assert (v1.version, v1.compressor, v1.source) == (1, "none", "policy")

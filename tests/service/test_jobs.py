@@ -74,8 +74,9 @@ def test_adaptive_job_gets_a_versioned_decision(coordinator):
     job = submit(coordinator.url, ADAPTIVE_SPEC)
     url = f"{coordinator.url}/v1/jobs/{job['id']}"
     first = httpx.get(f"{url}/decision", headers=worker_headers(job)).json()
+    assert isinstance(first.pop("at"), float)  # the decision the store keeps: when it was made
     assert first == {"version": 0, "compressor": "acpsgd", "params": {"warmup_steps": 0, "rank": 4},
-                     "reason": "job spec (adaptive)", "predicted_gain": None}
+                     "reason": "job spec (adaptive)", "predicted_gain": None, "source": "config"}
     # without the model profile the policy cannot predict anything: keep
     assert report(coordinator.url, job, 5, bandwidth_bytes_per_second=40e9 / 8).json()["version"] == 0
     # with it, at 40 Gb/s, no compression is predicted faster: a switch, with reason and gain
@@ -83,7 +84,7 @@ def test_adaptive_job_gets_a_versioned_decision(coordinator):
     assert answer["version"] == 1
     decision = httpx.get(f"{url}/decision", headers=worker_headers(job)).json()
     assert decision == answer
-    assert (decision["compressor"], decision["params"]) == ("none", {})
+    assert (decision["compressor"], decision["params"], decision["source"]) == ("none", {}, "policy")
     assert decision["reason"].startswith("none predicted") and "vs acpsgd-r4" in decision["reason"]
     assert 0.1 < decision["predicted_gain"] < 1
     # the profile is remembered: later reports need not repeat it

@@ -19,8 +19,9 @@ def test_pin_and_release(coordinator):
     assert pinned.status_code == 200
     assert pinned.json() == {"mode": "pinned", "compressor": "powersgd", "params": {"rank": 8}, "decision_version": 1}
     decision = httpx.get(f"{url}/v1/jobs/{job['id']}/decision", headers=worker_headers(job)).json()
+    assert isinstance(decision.pop("at"), float)
     assert decision == {"version": 1, "compressor": "powersgd", "params": {"rank": 8},
-                        "reason": "pinned by operator: powersgd-r8", "predicted_gain": None}
+                        "reason": "pinned by operator: powersgd-r8", "predicted_gain": None, "source": "pinned"}
 
     # pinned: a very fast network does not move it
     assert report(url, job, 5, bandwidth_bytes_per_second=40e9 / 8, profile=PROFILE).json()["version"] == 1
