@@ -26,11 +26,9 @@ from torch.nn.parallel import DistributedDataParallel
 from compressors import checkpoint, handshake
 from compressors.base import AllReduce, BucketJob, Collective, Compressor, GradSlot, from_spec
 from compressors.quality import ErrorMeter
-from planning.spec import ROUNDS_PER_STEP, spec_from_dict, spec_to_dict
+from planning import registry
+from planning.spec import spec_from_dict, spec_to_dict
 from planning.wire import why_nothing_compressed
-
-#: Most dependent collective rounds a compressor may use per bucket and step (PowerSGD: 2).
-MAX_ROUNDS = max(ROUNDS_PER_STEP.values())
 
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -178,7 +176,7 @@ class GradientSync:
         self._names = {param.data_ptr(): name for name, param in trained}
         self._shapes = [tuple(param.shape) for _, param in trained]
         self._first_round_group = self._new_group()
-        self._later_rounds = [_OrderedRound(self._new_group()) for _ in range(MAX_ROUNDS - 1)]
+        self._later_rounds = [_OrderedRound(self._new_group()) for _ in range(registry.max_rounds() - 1)]
         self._bucket_seq = 0
         self._warn_if_nothing_compressed(self._compressor)
         return self
@@ -420,8 +418,9 @@ class GradientSync:
             return
         self._add(record, compress_s=time.thread_time() - started)
         round_index, flight.rounds = flight.rounds, flight.rounds + 1
-        if round_index >= MAX_ROUNDS:
-            self._fail(result, record, GradientSyncError(f"more than {MAX_ROUNDS} collective rounds in one step"), flight)
+        if round_index >= self._max_rounds:
+            self._fail(result, record, GradientSyncError(f"more than {self._max_rounds} collective rounds in one step"),
+                       flight)
             return
 
         def launch(group: dist.ProcessGroup | None) -> None:
@@ -473,9 +472,15 @@ class GradientSync:
 
     def _release_later_rounds(self, flight: "_Flight") -> None:
         """Tell the later rounds' queues this bucket sends nothing more this step."""
-        for round_index in range(max(flight.rounds, 1), MAX_ROUNDS):
+        for round_index in range(max(flight.rounds, 1), self._max_rounds):
             self._later_rounds[round_index - 1].submit(flight.seq, None)
-        flight.rounds = MAX_ROUNDS
+        flight.rounds = self._max_rounds
+
+    @property
+    def _max_rounds(self) -> int:
+        """Dependent rounds a bucket may use: the first plus one ordered group per later round
+        (as many as the registry's compressors need, ``Codec.rounds``, fixed at :meth:`bind`)."""
+        return len(self._later_rounds) + 1
 
     def _add(self, record: StepRecord, **amounts: float) -> None:
         with self._lock:

@@ -12,16 +12,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from planning import costmodel
+from planning import costmodel, registry
 from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
 from planning.protocol import CompressionConfig, Decision, ModelProfile, Telemetry
-from planning.spec import COMPRESSOR_NAMES, CompressorSpec, make_spec, spec_to_dict
+from planning.spec import CompressorSpec, make_spec, spec_to_dict
 
 
 def policy_config(compression: CompressionConfig) -> PolicyConfig:
     """The policy's bounds from a job's compression settings."""
     return PolicyConfig(
-        allowed=tuple(compression.allowed or COMPRESSOR_NAMES),
+        allowed=tuple(compression.allowed or registry.names()),
         min_rank=compression.min_rank,
         max_rank=compression.max_rank,
         gain_threshold=compression.gain_threshold,
