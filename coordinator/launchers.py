@@ -13,6 +13,7 @@ it) need not import each other.
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from coordinator.launcher import Launcher, NullLauncher
 from coordinator.settings import Settings
@@ -24,7 +25,16 @@ WORKER_RUNTIME = ("ray", "torch")
 
 def missing_worker_runtime() -> list[str]:
     """The modules of :data:`WORKER_RUNTIME` not installed here (nothing is imported)."""
-    return [name for name in WORKER_RUNTIME if importlib.util.find_spec(name) is None]
+    return [name for name in WORKER_RUNTIME if not _installed(name)]
+
+
+def _installed(name: str) -> bool:
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a half-initialised module
+        return False
 
 
 class WorkerRuntimeMissing(NullLauncher):
