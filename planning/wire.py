@@ -60,9 +60,9 @@ def why_nothing_compressed(spec: CompressorSpec, shapes: Iterable[Shape]) -> str
     For the warning a user gets when a lossy compressor would only send plain all-reduce.
     """
     description = registry.codec(spec.name)
-    shapes = [tuple(shape) for shape in shapes]
-    if description.compresses_everything or any(description.compresses(spec, shape) for shape in shapes):
+    listed = [tuple(shape) for shape in shapes]
+    if description.compresses_everything or any(description.compresses(spec, shape) for shape in listed):
         return None
-    if not shapes:
+    if not listed:
         return f"{spec.label} has no gradients to compress (no parameter requires grad)"
-    return description.why_nothing_compressed(spec, shapes)
+    return description.why_nothing_compressed(spec, listed)
