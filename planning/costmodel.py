@@ -49,7 +49,10 @@ Bytes come from :func:`planning.wire.tensor_wire_bytes`, so ``bytes_per_step`` e
 (``4·r·m``); the model uses the **average step** (``4·r·(n+m)/2`` per matrix), one round.
 
 Pure Python and cached per (spec, shapes, buckets, world size), so thousands of predictions a
-second are possible for models of a few hundred tensors.
+second are possible for models of a few hundred tensors. The link model lives in
+``planning/link.py``, the bucket layout and per-bucket loads in ``planning/buckets.py`` (each
+compressor's work model in its description, ``planning/codecs/``), the candidate set in
+``planning/candidates.py``; this module re-exports their public names.
 """
 
 from __future__ import annotations

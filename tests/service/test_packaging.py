@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import tomllib
 
+import tomllib
 from support.servers import REPO_ROOT
 
 HEAVY = ("torch", "ray")
