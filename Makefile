@@ -11,11 +11,12 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-# CPU torch: pyproject.toml's `cpu` extra pins it (a bare `torch` would pull a CUDA build).
+# Every extra the suite needs; CPU torch: pyproject.toml's `cpu` extra pins it (a bare `torch`
+# would pull a CUDA build).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(PY) -m pip install -q -e '.[cpu,workers,coordinator,bench,test]'
 	@touch $(STAMP)
 
 # Prometheus and Chromium (Debian packages) for the service and browser tests.

@@ -24,11 +24,27 @@ class CastAllReduce(Compressor):
     cannot overflow fp16 where each one would not (as PyTorch's fp16_compress_hook does).
     """
 
-    def __init__(self, spec: CompressorSpec, dtype: torch.dtype) -> None:
+    #: The 16-bit type the bucket travels in (set by the subclasses below).
+    dtype: torch.dtype
+
+    def __init__(self, spec: CompressorSpec, dtype: torch.dtype | None = None) -> None:
         super().__init__(spec)
-        self.dtype = dtype
+        if dtype is not None:
+            self.dtype = dtype
 
     def encode_decode(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
         compressed = buffer.div_(world_size).to(self.dtype)
         reduced = yield AllReduce(compressed)
         buffer.copy_(reduced)
+
+
+class Fp16AllReduce(CastAllReduce):
+    """``fp16`` (planning/codecs/cast.py)."""
+
+    dtype = torch.float16
+
+
+class Bf16AllReduce(CastAllReduce):
+    """``bf16`` (planning/codecs/cast.py)."""
+
+    dtype = torch.bfloat16

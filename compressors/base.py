@@ -1,4 +1,4 @@
-"""The Compressor protocol, the collective requests it yields, and the ``build`` registry.
+"""The Compressor protocol, the collective requests it yields, and ``build``.
 
 A compressor owns its math and its per-parameter state. It never talks to a process
 group: for each DDP bucket it runs as a *generator* that yields the collectives it needs
@@ -10,6 +10,7 @@ without knowing about them, and can be unit-tested with a fake in-process "colle
 
 from __future__ import annotations
 
+import importlib
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any, Callable, Generator, Iterable, Sequence, Union
 import torch
 
 from compressors.memory import ErrorFeedback
-from planning import wire
+from planning import registry, wire
 from planning.spec import CompressorSpec, make_spec
 
 
@@ -200,6 +201,21 @@ class Compressor(ABC):
         """The error-feedback residuals, left in place (read-only use)."""
         return {}
 
+    # -- quality estimates ------------------------------------------------------------
+    @classmethod
+    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any]) -> float:
+        """``‖x − C(x)‖²`` of one gradient ``tensor`` (``flat``: it as 1-D fp32) that ``spec``
+        compresses, for ``compressors.quality.estimate_errors``.
+
+        The default runs one step of a fresh compressor at world size 1 on a copy; kernels
+        with a closed form override it (``cache`` holds per-tensor work they can share, such
+        as the singular values).
+        """
+        compressor = cls(spec)
+        buffer = flat.clone()
+        run_in_lockstep([compressor.process(buffer, [GradSlot(key="sample", grad=buffer.view(tensor.shape))], 1)])
+        return float(torch.sum((flat - buffer) ** 2))
+
 
 class ErrorFeedbackCompressor(Compressor):
     """A lossy compressor that keeps what it left out and adds it to the next gradient."""
@@ -248,38 +264,30 @@ def seeded_normal(shape: Sequence[int], seed: int, key: str, *, dtype: torch.dty
 
 
 def build(name: str, **params: Any) -> Compressor:
-    """Build a compressor by name. Raises ``ValueError`` naming the bad field.
-
-    Names: none fp16 bf16 signsgd topk powersgd acpsgd.
-    """
+    """Build a compressor by name (``planning.registry.names()``). Raises ``ValueError``
+    naming the bad field."""
     spec = make_spec(name, **params)
     return from_spec(spec)
 
 
+def kernel_class(name: str) -> type[Compressor]:
+    """The torch kernel of compressor ``name``: the class its description names by import
+    path (``Codec.kernel``, ``"module:Class"``).
+
+    Resolved by ``importlib`` at call time, so this module imports no compressor module
+    (each of them imports this one): the import graph stays acyclic.
+    """
+    path = registry.codec(name).kernel
+    module_name, _, attribute = path.partition(":")
+    kernel = getattr(importlib.import_module(module_name), attribute, None)
+    if not (isinstance(kernel, type) and issubclass(kernel, Compressor)):
+        raise TypeError(f"kernel: {path!r} of compressor {name!r} is not a Compressor subclass")
+    return kernel
+
+
 def from_spec(spec: CompressorSpec) -> Compressor:
     """Build a compressor from an already validated spec."""
-    # Imported here: each compressor module imports this one.
-    from compressors.acpsgd import ACPSGD
-    from compressors.allreduce import CastAllReduce, PlainAllReduce
-    from compressors.powersgd import PowerSGD
-    from compressors.signsgd import EFSignSGD
-    from compressors.topk import TopK
-
-    if spec.name == "none":
-        return PlainAllReduce(spec)
-    if spec.name == "fp16":
-        return CastAllReduce(spec, torch.float16)
-    if spec.name == "bf16":
-        return CastAllReduce(spec, torch.bfloat16)
-    if spec.name == "signsgd":
-        return EFSignSGD(spec)
-    if spec.name == "topk":
-        return TopK(spec)
-    if spec.name == "powersgd":
-        return PowerSGD(spec)
-    if spec.name == "acpsgd":
-        return ACPSGD(spec)
-    raise AssertionError(f"spec names an unregistered compressor: {spec.name}")
+    return kernel_class(spec.name)(spec)
 
 
 def run_in_lockstep(jobs: Sequence[BucketJob]) -> None:

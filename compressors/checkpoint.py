@@ -87,3 +87,14 @@ def _mean_by_key(dicts: list[Mapping[str, torch.Tensor]]) -> dict[str, torch.Ten
             total += value.view_as(total)
         out[key] = total / len(dicts)
     return out
+
+
+def to_device(state: Any, device: torch.device | None) -> Any:
+    """``state`` (tensors, nested in dicts) moved to ``device``; as it is for None."""
+    if device is None:
+        return state
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {key: to_device(value, device) for key, value in state.items()}
+    return state

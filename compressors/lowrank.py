@@ -107,6 +107,14 @@ class LowRankCompressor(ErrorFeedbackCompressor):
         super().load_state_dict(state)
         self.factors.load_state_dict(state.get("factors", {}))
 
+    @classmethod
+    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any]) -> float:
+        """The best rank-r approximation's error (Eckart–Young, from ``svdvals``)."""
+        if "spectrum" not in cache:
+            n, m = wire.matrix_dims(tuple(tensor.shape))
+            cache["spectrum"] = torch.linalg.svdvals(tensor.reshape(n, m).to(torch.float32)) ** 2
+        return float(torch.sum(cache["spectrum"][wire.effective_rank(spec, tuple(tensor.shape)):]))
+
     def keep_factors(self, key: str, factors: Factors) -> None:
         """Make ``factors`` the kept factors of ``key``, undoable until the step is settled."""
         prior = self.factors.replace(key, factors)

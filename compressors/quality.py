@@ -32,11 +32,11 @@ from typing import Iterable, Sequence
 
 import torch
 
-from compressors.base import Compressor, ErrorFeedbackCompressor, GradSlot
+from compressors.allreduce import CastAllReduce
+from compressors.base import Compressor, ErrorFeedbackCompressor, GradSlot, kernel_class
 from planning import wire
-from planning.spec import LOW_RANK, CompressorSpec
+from planning.spec import CompressorSpec
 
-_CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -85,7 +85,7 @@ class ErrorMeter:
             # its state may still be undone (a non-finite step), which settling would forbid.
             residuals = compressor.memory.peek() if isinstance(compressor, ErrorFeedbackCompressor) else {}
             warm = compressor.steps_done < compressor.spec.warmup_steps
-            cast = _CASTS.get(compressor.name)
+            cast = compressor.dtype if isinstance(compressor, CastAllReduce) else None
             sums = self._sums
             sums.warm = sums.warm or warm
             for slot in slots:
@@ -149,45 +149,25 @@ class ErrorMeter:
         return sample
 
 
-def _as_matrix(tensor: torch.Tensor) -> torch.Tensor:
-    n, m = wire.matrix_dims(tuple(tensor.shape))
-    return tensor.reshape(n, m).to(torch.float32)
-
-
 def estimate_errors(tensors: Iterable[torch.Tensor], specs: Sequence[CompressorSpec]) -> dict[str, float]:
     """Each candidate's relative error ``ε`` on ``tensors`` (pooled: ``sqrt(Σ lost² / Σ ‖x‖²)``).
 
     A tensor the candidate leaves uncompressed (``wire.is_compressed``) counts with no loss.
-    Low-rank: the best rank-r approximation's error (Eckart–Young, from ``svdvals``); top-k:
-    the mass outside the k largest magnitudes; signsgd: the scaled sign's closed form;
-    fp16/bf16: the cast; none: 0.
+    What a compressed one loses is its kernel's ``Compressor.lost_energy``: low-rank, the best
+    rank-r approximation's error (Eckart–Young, from ``svdvals``); top-k, the mass outside the
+    k largest magnitudes; signsgd, the scaled sign's closed form; the casts (by running them)
+    their rounding; none: 0.
     """
     tensors = [t.detach() for t in tensors]
     total = math.fsum(float(torch.sum(t.float() ** 2)) for t in tensors)
     lost: dict[str, float] = {spec.label: 0.0 for spec in specs}
+    kernels = {spec.name: kernel_class(spec.name) for spec in specs}
     with torch.no_grad():
         for tensor in tensors:
             shape = tuple(tensor.shape)
             flat = tensor.reshape(-1).to(torch.float32)
-            x_sq = float(torch.sum(flat * flat))
-            spectrum: torch.Tensor | None = None
-            magnitudes: torch.Tensor | None = None
+            cache: dict[str, torch.Tensor] = {}
             for spec in specs:
-                if spec.name == "none" or not wire.is_compressed(spec, shape):
-                    continue
-                if spec.name in _CASTS:
-                    lost[spec.label] += float(torch.sum((flat - flat.to(_CASTS[spec.name]).float()) ** 2))
-                elif spec.name in LOW_RANK:
-                    if spectrum is None:
-                        spectrum = torch.linalg.svdvals(_as_matrix(tensor)) ** 2
-                    rank = wire.effective_rank(spec, shape)
-                    lost[spec.label] += float(torch.sum(spectrum[rank:]))
-                elif spec.name == "topk":
-                    if magnitudes is None:
-                        magnitudes = torch.sort(flat * flat, descending=True).values
-                    k = wire.topk_count(spec, flat.numel())
-                    lost[spec.label] += float(torch.sum(magnitudes[k:]))
-                elif spec.name == "signsgd":
-                    l1 = float(torch.sum(flat.abs()))
-                    lost[spec.label] += max(0.0, x_sq - l1 * l1 / flat.numel())
+                if wire.is_compressed(spec, shape):
+                    lost[spec.label] += kernels[spec.name].lost_energy(spec, tensor, flat, cache)
     return {label: round(_ratio(value, total), 6) for label, value in lost.items()}

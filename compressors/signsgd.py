@@ -14,12 +14,13 @@ Bytes per step: ceil(numel/8) + one element per tensor. Signs cannot be summed, 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from compressors.base import AllGather, BucketJob, ErrorFeedbackCompressor, GradSlot, compute_dtype
 from compressors.fusion import split_slots
+from planning.spec import CompressorSpec
 
 _SHIFTS_CACHE: dict[torch.device, torch.Tensor] = {}
 
@@ -45,6 +46,12 @@ def unpack_signs(packed: torch.Tensor, count: int, dtype: torch.dtype = torch.fl
 
 
 class EFSignSGD(ErrorFeedbackCompressor):
+    @classmethod
+    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any]) -> float:
+        """The scaled sign's closed form: ``‖x‖² − ‖x‖₁² / numel``."""
+        l1 = float(torch.sum(flat.abs()))
+        return max(0.0, float(torch.sum(flat * flat)) - l1 * l1 / flat.numel())
+
     def encode_decode(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
         compressed, plain = split_slots(slots, self.compresses)
         wire_dtype, dtype = buffer.dtype, compute_dtype(buffer.dtype)

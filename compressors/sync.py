@@ -16,102 +16,35 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from compressors import checkpoint, handshake
-from compressors.base import AllReduce, BucketJob, Collective, Compressor, GradSlot, from_spec
+from compressors import handshake
+from compressors.base import BucketJob, Compressor
 from compressors.quality import ErrorMeter
-from planning.spec import ROUNDS_PER_STEP, spec_from_dict, spec_to_dict
+from compressors.records import GradientSyncError, NothingCompressedWarning, StepRecord, SyncStats
+from compressors.rounds import (
+    Flight,
+    OrderedRound,
+    bucket_slots,
+    comm_hook,
+    launch_collective,
+    start_handshake,
+    timeout_of,
+    unwrap,
+)
+from compressors.syncstate import SyncCheckpoint
+from planning import registry
 from planning.wire import why_nothing_compressed
 
-#: Most dependent collective rounds a compressor may use per bucket and step (PowerSGD: 2).
-MAX_ROUNDS = max(ROUNDS_PER_STEP.values())
+# Re-exported: where callers have always found them.
+__all__ = ["GradientSync", "GradientSyncError", "NothingCompressedWarning", "StepRecord", "SyncStats"]
 
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-class GradientSyncError(RuntimeError):
-    """A compressor failed inside the communication hook; raised from ``backward()``."""
-
-
-class NothingCompressedWarning(UserWarning):
-    """A lossy compressor would send every gradient of the model uncompressed."""
-
-
-@dataclass(frozen=True)
-class SyncStats:
-    """Cumulative counters for this rank (``GradientSync.stats()``)."""
-
-    steps: int = 0
-    bytes_sent: int = 0
-    compress_s: float = 0.0
-    communicate_s: float = 0.0
-    decompress_s: float = 0.0
-
-
-@dataclass
-class StepRecord:
-    """What the hook saw during one step; the worker's timer reads it (one timing mechanism).
-
-    ``last_bucket_at`` is when autograd handed over the last bucket, i.e. when backward's
-    compute ended; whatever backward() waits after that is exposed communication.
-    ``compress_s`` / ``decompress_s`` are CPU seconds of the threads that ran the codec;
-    ``communicate_s`` is wall time from issuing each collective to its completion.
-    """
-
-    compressor: str
-    first_bucket_at: float = 0.0
-    last_bucket_at: float = 0.0
-    done_at: float = 0.0
-    buckets: int = 0
-    bytes_sent: int = 0
-    compress_s: float = 0.0
-    communicate_s: float = 0.0
-    decompress_s: float = 0.0
-    _open: int = field(default=0, repr=False)
-    _handed_last: bool = field(default=False, repr=False)
-    _gate: handshake.StepGate = field(default_factory=handshake.StepGate.opened, repr=False)
-    #: Residuals carried over a switch and added in this step: put back if the step is non-finite.
-    _carried: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
-    _results_finite: list[torch.Tensor] | None = field(default=None, repr=False)
-
-
-class _OrderedRound:
-    """Issues one round's collectives in bucket order, whichever thread asks first.
-
-    Collectives are matched across ranks by the order they are issued on a process group.
-    Round 1 of every bucket is issued by the autograd thread inside the hook, in bucket
-    order on every rank. Later rounds (PowerSGD's Q all-reduce) are issued from completion
-    callbacks, whose order can differ between ranks, so each later round gets its own
-    process group and this queue, which issues bucket ``seq`` only after ``seq - 1``
-    issued (or declared it had nothing to send in this round).
-    """
-
-    def __init__(self, group: dist.ProcessGroup | None) -> None:
-        self.group = group
-        self._next = 0
-        self._waiting: dict[int, Callable[[dist.ProcessGroup | None], None] | None] = {}
-        # Re-entrant: a collective that completes at once runs its callback inline, which
-        # may finish the bucket and submit to this queue again from inside submit().
-        self._lock = threading.RLock()
-
-    def submit(self, seq: int, launch: Callable[[dist.ProcessGroup | None], None] | None) -> None:
-        """Queue bucket ``seq``'s collective for this round (``None``: it has none)."""
-        with self._lock:
-            self._waiting[seq] = launch
-            while self._next in self._waiting:
-                ready = self._waiting.pop(self._next)
-                self._next += 1
-                if ready is not None:
-                    ready(self.group)
-
-
-class GradientSync:
+class GradientSync(SyncCheckpoint):
     """Runs ``compressor`` as the communication hook of a DDP model.
 
     Usage::
@@ -144,7 +77,7 @@ class GradientSync:
         #: launched once the handshake completes, possibly after DDP issued its own collectives
         #: (find_unused_parameters' used-map all-reduce) on the model's group.
         self._first_round_group: dist.ProcessGroup | None = None
-        self._later_rounds: list[_OrderedRound] = []
+        self._later_rounds: list[OrderedRound] = []
         #: Called with each finished StepRecord (from whichever thread finished it).
         self.on_step: Callable[[StepRecord], None] | None = None
         #: Set to measure the running compressor's relative error every step (compressors.quality).
@@ -165,7 +98,7 @@ class GradientSync:
         if not isinstance(ddp_model, DistributedDataParallel):
             raise TypeError(f"install() needs a DistributedDataParallel model, got {type(ddp_model).__name__}")
         self.bind(ddp_model.module.named_parameters())
-        ddp_model.register_comm_hook(self, _comm_hook)
+        ddp_model.register_comm_hook(self, comm_hook)
         return self
 
     def bind(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]]) -> "GradientSync":
@@ -178,7 +111,7 @@ class GradientSync:
         self._names = {param.data_ptr(): name for name, param in trained}
         self._shapes = [tuple(param.shape) for _, param in trained]
         self._first_round_group = self._new_group()
-        self._later_rounds = [_OrderedRound(self._new_group()) for _ in range(MAX_ROUNDS - 1)]
+        self._later_rounds = [OrderedRound(self._new_group()) for _ in range(registry.max_rounds() - 1)]
         self._bucket_seq = 0
         self._warn_if_nothing_compressed(self._compressor)
         return self
@@ -192,7 +125,7 @@ class GradientSync:
         if dist.get_world_size(self.process_group) == 1:
             return self.process_group
         ranks = dist.get_process_group_ranks(self._group())
-        return dist.new_group(ranks=ranks, backend=dist.get_backend(self.process_group), timeout=_timeout_of(self._group()))
+        return dist.new_group(ranks=ranks, backend=dist.get_backend(self.process_group), timeout=timeout_of(self._group()))
 
     def switch(self, compressor: Compressor) -> None:
         """Use ``compressor`` from the next backward on. Call on every rank between the same steps
@@ -214,62 +147,6 @@ class GradientSync:
     def last_step(self) -> StepRecord | None:
         """The record of the last step whose communication completed."""
         return self._last
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume exactly: compressor spec and state, carried residuals, stats."""
-        carry = {key: value.detach().cpu().clone() for key, value in self._carry.items()}
-        if self._pending is None:
-            compressor = self._compressor
-        else:
-            # Save what the next step will see: the pending compressor, with the current
-            # one's residuals already carried over (as _begin_step will do).
-            compressor = self._pending
-            for key, residual in self._compressor.residuals().items():
-                residual = residual.detach().cpu()
-                carry[key] = carry[key] + residual.view_as(carry[key]) if key in carry else residual.clone()
-        rank, world_size = self._rank_and_world()
-        return {
-            "spec": spec_to_dict(compressor.spec),
-            "compressor": compressor.state_dict(),
-            "carry": carry,
-            "stats": asdict(self.stats()),
-            "rank": rank,
-            "world_size": world_size,
-        }
-
-    def full_state_dict(self, dst: int = 0) -> dict[str, Any] | None:
-        """Every rank's :meth:`state_dict` in one object, on rank ``dst`` (None on the others).
-
-        Collective: call it on every rank. For the usual pattern, one file saved by rank 0::
-
-            state = sync.full_state_dict()
-            if rank == 0:
-                torch.save(state, "sync.pt")
-            ...
-            sync.load_state_dict(torch.load("sync.pt", weights_only=False))   # every rank
-        """
-        mine = self.state_dict()
-        rank, world_size = self._rank_and_world()
-        if world_size == 1:
-            return checkpoint.full_state([mine])
-        parts: list[dict[str, Any]] | None = [{} for _ in range(world_size)] if rank == dst else None
-        dist.gather_object(mine, parts, dst=dist.get_global_rank(self._group(), dst), group=self.process_group)
-        return checkpoint.full_state(parts) if parts is not None else None
-
-    def load_state_dict(self, state: dict[str, Any], *, device: torch.device | None = None) -> None:
-        """Restore a :meth:`state_dict` (this rank's own, or folded) or a :meth:`full_state_dict`
-        (this rank takes its part, or the fold of all parts if the world size changed); the
-        compressor in force becomes the saved one. Another rank's state raises ``ValueError``."""
-        rank, world_size = self._rank_and_world()
-        state = checkpoint.state_for_rank(state, rank, world_size)
-        compressor = from_spec(spec_from_dict(state["spec"]))
-        compressor.load_state_dict(_to_device(state["compressor"], device))
-        self._compressor, self._pending = compressor, None
-        self._carry = {key: value.to(device) if device else value for key, value in state.get("carry", {}).items()}
-        with self._lock:
-            self._stats = SyncStats(**state.get("stats", {}))
-        self._switches += 1
-        self._warn_if_nothing_compressed(compressor)
 
     def _group(self) -> dist.ProcessGroup:
         group = self.process_group or dist.group.WORLD
@@ -295,7 +172,7 @@ class GradientSync:
         # DDP reads a future's *value* in C++, where a Python-side set_exception() is just an
         # object that cannot be cast to a Tensor. Unwrapping through .then() turns a failure
         # into a real error of the returned future, so backward() raises with our message.
-        return self._bucket_future(bucket).then(_unwrap)
+        return self._bucket_future(bucket).then(unwrap)
 
     def _bucket_future(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
@@ -313,7 +190,7 @@ class GradientSync:
             record._handed_last = True
             self._current = None
         try:
-            slots = self._slots(bucket, buffer)
+            slots = bucket_slots(bucket, buffer, self._names)
             for slot in slots:
                 carried = self._carry.pop(slot.key, None)
                 if carried is not None:
@@ -324,11 +201,11 @@ class GradientSync:
             world_size = dist.get_world_size(self.process_group)
             job = self._compressor.process(buffer, slots, world_size)
         except BaseException as exc:  # noqa: BLE001 - reported through the future, never swallowed
-            self._fail(result, record, exc, _Flight(seq, bucket.index()))
+            self._fail(result, record, exc, Flight(seq, bucket.index()))
             return result
         if bucket.is_last():
             self._compressor.end_step()
-        flight = _Flight(seq, bucket.index(), record._gate)
+        flight = Flight(seq, bucket.index(), record._gate)
         start = lambda: self._advance(job, None, result, buffer, record, flight)  # noqa: E731
         if self.pipelining:
             start()
@@ -356,42 +233,7 @@ class GradientSync:
 
     def _start_handshake(self) -> handshake.StepGate:
         """Launch this step's fingerprint all-gather; its gate opens (or fails) when it completes."""
-        gate = handshake.StepGate()
-        mine = handshake.fingerprint(self._compressor.spec, self._switches)
-        try:
-            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.process_group) == "nccl" else None
-            mine = mine.to(device) if device is not None else mine
-            gathered = torch.empty(dist.get_world_size(self.process_group) * mine.numel(), dtype=torch.uint8, device=mine.device)
-            work = _all_gather_single(gathered, mine, group=self._first_round_group, async_op=True)
-        except BaseException as exc:  # noqa: BLE001 - every bucket of the step fails with it
-            gate.open(exc)
-            return gate
-
-        def on_done(done: torch.futures.Future) -> None:
-            try:
-                done.value()
-                problem = handshake.mismatch(gathered)
-            except BaseException as exc:  # noqa: BLE001
-                gate.open(exc)
-                return
-            gate.open(None if problem is None else GradientSyncError(problem))
-
-        work.get_future().then(on_done)
-        return gate
-
-    def _slots(self, bucket: dist.GradBucket, buffer: torch.Tensor) -> list[GradSlot]:
-        slots: list[GradSlot] = []
-        offset = 0
-        for param in bucket.parameters():
-            size = param.numel()
-            key = self._names.get(param.data_ptr())
-            if key is None:
-                raise GradientSyncError("a bucket holds a parameter the model did not name; call install() on this model")
-            slots.append(GradSlot(key=key, grad=buffer[offset : offset + size].view(param.shape), offset=offset))
-            offset += size
-        if offset != buffer.numel():
-            raise GradientSyncError(f"bucket layout: parameters cover {offset} of {buffer.numel()} elements")
-        return slots
+        return start_handshake(self._compressor.spec, self._switches, self.process_group, self._first_round_group)
 
     def _advance(
         self,
@@ -400,7 +242,7 @@ class GradientSync:
         result: torch.futures.Future,
         buffer: torch.Tensor,
         record: StepRecord,
-        flight: "_Flight",
+        flight: Flight,
     ) -> None:
         """Run the compressor up to its next collective, launch it, and continue when it completes."""
         # Codec time is this thread's CPU time, not wall time: decode runs in the collective's
@@ -420,14 +262,16 @@ class GradientSync:
             return
         self._add(record, compress_s=time.thread_time() - started)
         round_index, flight.rounds = flight.rounds, flight.rounds + 1
-        if round_index >= MAX_ROUNDS:
-            self._fail(result, record, GradientSyncError(f"more than {MAX_ROUNDS} collective rounds in one step"), flight)
+        if round_index >= self._max_rounds:
+            self._fail(result, record, GradientSyncError(f"more than {self._max_rounds} collective rounds in one step"),
+                       flight)
             return
 
         def launch(group: dist.ProcessGroup | None) -> None:
             launched = time.perf_counter()
             try:
-                future, received = self._launch(request, record, group)
+                self._add(record, bytes_sent=request.tensor.numel() * request.tensor.element_size())
+                future, received = launch_collective(request, group)
             except BaseException as exc:  # noqa: BLE001
                 self._fail(result, record, exc, flight)
                 return
@@ -457,25 +301,17 @@ class GradientSync:
         else:
             self._later_rounds[round_index - 1].submit(flight.seq, launch)
 
-    def _launch(
-        self, request: Collective, record: StepRecord, group: dist.ProcessGroup | None
-    ) -> tuple[torch.futures.Future, torch.Tensor]:
-        """Start the collective; return its future and the tensor that will hold its result."""
-        tensor = request.tensor
-        self._add(record, bytes_sent=tensor.numel() * tensor.element_size())
-        if isinstance(request, AllReduce):
-            work = dist.all_reduce(tensor, group=group, async_op=True)
-            return work.get_future(), tensor
-        world_size = dist.get_world_size(group)
-        gathered = torch.empty((world_size, tensor.numel()), dtype=tensor.dtype, device=tensor.device)
-        work = _all_gather_single(gathered.view(-1), tensor, group=group, async_op=True)
-        return work.get_future(), gathered
-
-    def _release_later_rounds(self, flight: "_Flight") -> None:
+    def _release_later_rounds(self, flight: Flight) -> None:
         """Tell the later rounds' queues this bucket sends nothing more this step."""
-        for round_index in range(max(flight.rounds, 1), MAX_ROUNDS):
+        for round_index in range(max(flight.rounds, 1), self._max_rounds):
             self._later_rounds[round_index - 1].submit(flight.seq, None)
-        flight.rounds = MAX_ROUNDS
+        flight.rounds = self._max_rounds
+
+    @property
+    def _max_rounds(self) -> int:
+        """Dependent rounds a bucket may use: the first plus one ordered group per later round
+        (as many as the registry's compressors need, ``Codec.rounds``, fixed at :meth:`bind`)."""
+        return len(self._later_rounds) + 1
 
     def _add(self, record: StepRecord, **amounts: float) -> None:
         with self._lock:
@@ -483,7 +319,7 @@ class GradientSync:
                 setattr(record, name, getattr(record, name) + amount)
             self._stats = replace(self._stats, **{name: getattr(self._stats, name) + amount for name, amount in amounts.items()})
 
-    def _finish(self, result: torch.futures.Future, record: StepRecord, buffer: torch.Tensor, flight: "_Flight") -> None:
+    def _finish(self, result: torch.futures.Future, record: StepRecord, buffer: torch.Tensor, flight: Flight) -> None:
         self._release_later_rounds(flight)
         if record._results_finite is not None:
             record._results_finite.append(torch.isfinite(buffer).all())
@@ -505,7 +341,7 @@ class GradientSync:
                 self.on_step(record)
         result.set_result(buffer)
 
-    def _fail(self, result: torch.futures.Future, record: StepRecord, exc: BaseException, flight: "_Flight") -> None:
+    def _fail(self, result: torch.futures.Future, record: StepRecord, exc: BaseException, flight: Flight) -> None:
         if self._later_rounds:
             self._release_later_rounds(flight)
         with self._lock:
@@ -528,50 +364,7 @@ class GradientSync:
         return finite
 
 
-def _timeout_of(group: dist.ProcessGroup):
-    """The group's collective timeout (so a peer's failure ends our rounds as soon as the user's group)."""
-    for device in ("cpu", "cuda"):
-        try:
-            return group._get_backend(torch.device(device)).options._timeout
-        except (AttributeError, RuntimeError):
-            continue
-    return None
-
-
 def _require_compressor(value: Any, where: str) -> None:
     if not isinstance(value, Compressor):
         hint = f" (build({value!r}) makes one)" if isinstance(value, str) else ""
         raise TypeError(f"compressor: {where} needs a Compressor from compressors.build(), got {type(value).__name__} {value!r}{hint}")
-
-
-def _unwrap(future: torch.futures.Future) -> torch.Tensor:
-    return future.value()
-
-
-@dataclass
-class _Flight:
-    """One bucket's journey through its collectives in one step."""
-
-    seq: int  # position of this bucket among all buckets since install(): same on every rank
-    bucket_index: int
-    gate: handshake.StepGate = field(default_factory=handshake.StepGate.opened)  # the step's handshake
-    rounds: int = 0  # collectives issued so far
-
-
-def _comm_hook(sync, bucket):
-    """DDP's ``(state, bucket) -> Future[Tensor]`` hook, bound to a GradientSync.
-
-    Left unannotated on purpose: DDP inspects the annotations and rejects the string
-    form that ``from __future__ import annotations`` would give them.
-    """
-    return sync._on_bucket(bucket)
-
-
-def _to_device(state: Any, device: torch.device | None) -> Any:
-    if device is None:
-        return state
-    if isinstance(state, torch.Tensor):
-        return state.to(device)
-    if isinstance(state, dict):
-        return {key: _to_device(value, device) for key, value in state.items()}
-    return state

@@ -14,16 +14,24 @@ with N: Top-k only beats all-reduce when ratio < ~1/N (docs/compressors.md, "Top
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from compressors.base import AllGather, BucketJob, ErrorFeedbackCompressor, GradSlot, compute_dtype
 from compressors.fusion import split_slots
+from planning.spec import CompressorSpec
 from planning.wire import INDEX_BYTES, topk_count
 
 
 class TopK(ErrorFeedbackCompressor):
+    @classmethod
+    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any]) -> float:
+        """The mass outside the k largest magnitudes."""
+        if "magnitudes" not in cache:
+            cache["magnitudes"] = torch.sort(flat * flat, descending=True).values
+        return float(torch.sum(cache["magnitudes"][topk_count(spec, flat.numel()):]))
+
     def encode_decode(self, buffer: torch.Tensor, slots: Sequence[GradSlot], world_size: int) -> BucketJob:
         compressed, plain = split_slots(slots, self.compresses)
         wire_dtype, dtype = buffer.dtype, compute_dtype(buffer.dtype)

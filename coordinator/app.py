@@ -25,7 +25,8 @@ from coordinator.api import dashboard, health, jobs, metrics, policy, worker
 from coordinator.auth import check_bind
 from coordinator.datadir import DataDirLock
 from coordinator.fastpath import TelemetryFastPath
-from coordinator.launcher import Launcher, make_launcher
+from coordinator.launcher import Launcher
+from coordinator.launchers import make_launcher
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.openapi import openapi_document
 from coordinator.service import Conflict, Forbidden, InvalidSpec, JobNotFound, JobService

@@ -26,6 +26,7 @@ from coordinator import raylocal
 from coordinator.client import Client
 from coordinator.console import summary_table, watch
 from coordinator.settings import Settings
+from planning import registry
 
 DEMO_SPEC: dict[str, Any] = {
     "name": "demo",
@@ -35,7 +36,7 @@ DEMO_SPEC: dict[str, Any] = {
     "batch_size": 64,
     "workers": 2,
     "report_interval_s": 1.0,
-    "compression": {"mode": "adaptive", "compressor": "acpsgd", "rank": 4},
+    "compression": {"mode": "adaptive", "compressor": registry.DEFAULT_COMPRESSOR, "rank": 4},
 }
 
 

@@ -295,11 +295,3 @@ class RayLauncher:
 
         if ray.is_initialized():
             ray.shutdown()  # detached runners keep going
-
-
-def make_launcher(settings: Settings) -> Launcher:
-    if settings.launcher == "none":
-        return NullLauncher()
-    from coordinator.raybridge import RayBridge
-
-    return RayBridge(settings)

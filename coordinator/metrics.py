@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from coordinator.schemas import JOB_STATES
+from planning import registry
 from planning.protocol import PHASES, Telemetry
 from planning.spec import make_spec
 from planning.wire import wire_bytes
@@ -195,6 +196,6 @@ def _compression_ratio(t: Telemetry, shapes: list[list[int]] | None) -> float | 
         params = {k: v for k, v in (("rank", t.rank), ("ratio", t.ratio)) if v is not None}
         spec = make_spec(t.compressor, **params)
         sent = wire_bytes(spec, shapes, t.world_size)
-        return wire_bytes(make_spec("none"), shapes, t.world_size) / sent if sent else None
+        return wire_bytes(make_spec(registry.UNCOMPRESSED), shapes, t.world_size) / sent if sent else None
     except ValueError:
         return None

@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from planning import registry
 from planning.decision import Decision
 from planning.protocol import (
     DATASET_NAMES,
@@ -28,7 +29,7 @@ from planning.protocol import (
     Telemetry,
     TrainConfig,
 )
-from planning.spec import COMPRESSOR_NAMES, make_spec
+from planning.spec import make_spec
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -122,8 +123,9 @@ class TelemetryReport(Telemetry):
     @field_validator("compressor")
     @classmethod
     def _known_compressor(cls, value: str | None) -> str | None:
-        if value is not None and value not in COMPRESSOR_NAMES:
-            raise ValueError(f"unknown compressor {value[:40]!r}; choose one of {', '.join(COMPRESSOR_NAMES)}")
+        why = registry.unknown_name(value) if value is not None else None
+        if why:
+            raise ValueError(why)
         return value
 
 
@@ -140,8 +142,9 @@ class PinnedPolicy(BaseModel):
     @field_validator("compressor")
     @classmethod
     def _known(cls, value: str) -> str:
-        if value not in COMPRESSOR_NAMES:
-            raise ValueError(f"unknown compressor {value!r}; choose one of {', '.join(COMPRESSOR_NAMES)}")
+        why = registry.unknown_name(value)
+        if why:
+            raise ValueError(why)
         return value
 
     @model_validator(mode="after")

@@ -1,6 +1,7 @@
 """Torch-free planning: what the coordinator and the workers agree on, without torch or Ray.
 
-Compressor descriptions and their byte formulas (``spec``, ``wire``), the cost model that
+One description per compressor (``codecs/``, the ``Codec`` base in ``codec``) and the one
+registry of them (``registry``), specs and byte formulas (``spec``, ``wire``), the cost model that
 predicts a step's time (``costmodel``), the adaptive policy and its objective (``policy``,
 ``progress``), the controller that turns reports into versioned decisions (``controller``)
 and the wire protocol between workers and coordinator (``protocol``).

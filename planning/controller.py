@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from planning import costmodel
+from planning import costmodel, registry
 from planning.decision import Decision, DecisionSource, decision_for, switch_params
 from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
 from planning.protocol import CompressionConfig, ModelProfile, Telemetry
-from planning.spec import COMPRESSOR_NAMES, CompressorSpec, make_spec
+from planning.spec import CompressorSpec, make_spec
 
 __all__ = ["AdaptiveController", "decision_for", "initial_decision", "policy_config", "policy_measurements",
            "step_profile"]
@@ -28,7 +28,7 @@ WAITING = "waiting for a model profile and a bandwidth measurement"
 def policy_config(compression: CompressionConfig) -> PolicyConfig:
     """The policy's bounds from a job's compression settings."""
     return PolicyConfig(
-        allowed=tuple(compression.allowed or COMPRESSOR_NAMES),
+        allowed=tuple(compression.allowed or registry.names()),
         min_rank=compression.min_rank,
         max_rank=compression.max_rank,
         gain_threshold=compression.gain_threshold,

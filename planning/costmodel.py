@@ -49,7 +49,10 @@ Bytes come from :func:`planning.wire.tensor_wire_bytes`, so ``bytes_per_step`` e
 (``4·r·m``); the model uses the **average step** (``4·r·(n+m)/2`` per matrix), one round.
 
 Pure Python and cached per (spec, shapes, buckets, world size), so thousands of predictions a
-second are possible for models of a few hundred tensors.
+second are possible for models of a few hundred tensors. The link model lives in
+``planning/link.py``, the bucket layout and per-bucket loads in ``planning/buckets.py`` (each
+compressor's work model in its description, ``planning/codecs/``), the candidate set in
+``planning/candidates.py``; this module re-exports their public names.
 """
 
 from __future__ import annotations
@@ -57,287 +60,43 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
-from statistics import NormalDist
-from typing import Iterable, Mapping, NamedTuple, Sequence, Union
+from typing import Iterable, Mapping, Sequence
 
-from planning.spec import LOW_RANK, CompressorSpec, make_spec
-from planning.wire import (
-    FP32_BYTES,
-    effective_rank,
-    is_compressed,
-    matrix_dims,
-    numel,
-    tensor_wire_bytes,
-    topk_count,
+from planning.buckets import (
+    DDP_BUCKET_CAP_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
+    DEFAULT_CPU_CODEC,
+    BucketLoad,
+    CodecCost,
+    CodecModel,
+    ElementCost,
+    Layout,
+    bucket_loads,
+    build_bucket_layout,
+    codec_work,
+    complete_layout,
 )
+from planning.candidates import DEFAULT_TOPK_RATIOS, candidate_ranks, candidates
+from planning.codec import CompressorSpec
+from planning.codecs.lowrank import MACS_PER_ELEMENT_PASS
+from planning.link import (
+    Burst,
+    Link,
+    all_gather_s,
+    all_reduce_s,
+    alpha_beta_from_bandwidth,
+    expected_max_normal,
+    ring_coefficients,
+)
+from planning.shapes import Shape, numel
 
-Shape = Sequence[int]
-Layout = tuple[tuple[int, ...], ...]
-
-#: DDP's defaults: ``bucket_cap_mb=25`` and a small first bucket (``_DEFAULT_FIRST_BUCKET_BYTES``)
-#: so that the first all-reduce starts early in backward.
-DDP_BUCKET_CAP_BYTES = 25 * 1024 * 1024
-DDP_FIRST_BUCKET_BYTES = 1024 * 1024
-
-#: A rank-r matrix product touches each element once and does r multiply-adds on it. On BLAS
-#: kernels one elementwise pass costs about as much as this many multiply-adds, so the work
-#: model counts ``n·m·r`` multiply-adds as ``n·m·r / MACS_PER_ELEMENT_PASS`` element passes.
-MACS_PER_ELEMENT_PASS = 16
-
-
-# --------------------------------------------------------------------------------------------
-# Link and collectives
-# --------------------------------------------------------------------------------------------
-
-
-class Link(NamedTuple):
-    """α (seconds per message) and β (seconds per byte) of the link between workers.
-
-    ``wake_s``: see the module docstring's host terms.
-
-    ``burst_bytes``: a token-bucket shaper (``tc tbf``, a cloud NIC's rate limit) lets this
-    many bytes per rank through at line rate once the link has idled long enough to refill
-    the bucket. Steps idle the link during forward and early backward, so the model lets the
-    first ``burst_bytes`` each rank sends in a step cost no transfer time. Probes cannot see
-    it (they measure the sustained rate); it is 0 unless the shaper is known (the testbed's).
-    """
-
-    alpha: float
-    beta: float
-    burst_bytes: float = 0.0
-    #: Extra seconds a collective takes when it starts on an idle link (module docstring).
-    wake_s: float = 0.0
-
-
-def alpha_beta_from_bandwidth(bytes_per_second: float, latency_s: float) -> Link:
-    """The α-β link of a measured bandwidth (bytes/s per worker link) and latency (s)."""
-    if not bytes_per_second > 0:
-        raise ValueError(f"bytes_per_second: must be > 0, got {bytes_per_second!r}")
-    if not latency_s >= 0:
-        raise ValueError(f"latency_s: must be >= 0, got {latency_s!r}")
-    return Link(alpha=float(latency_s), beta=1.0 / float(bytes_per_second))
-
-
-def ring_coefficients(kind: str, world_size: int) -> tuple[float, float]:
-    """(latency factor, byte factor) of a ring collective: ``t = lat·α + bytes·b·β``.
-
-    ``b`` is what one rank passes in (its all-reduce tensor, or its all-gather shard).
-    The one place the ring formulas live: the cost model and the link probe's fit use it.
-    """
-    n = world_size
-    if n < 1:
-        raise ValueError(f"world_size: must be >= 1, got {n}")
-    if kind == "all_reduce":
-        return 2.0 * (n - 1), 2.0 * (n - 1) / n
-    if kind == "all_gather":
-        return float(n - 1), float(n - 1)
-    raise ValueError(f"kind: must be 'all_reduce' or 'all_gather', got {kind!r}")
-
-
-def all_reduce_s(nbytes: float, world_size: int, link: Link) -> float:
-    """Ring all-reduce of ``nbytes``: ``2(N−1)·α + 2(N−1)/N · b·β``; zero for one worker."""
-    latency, per_byte = ring_coefficients("all_reduce", world_size)
-    return latency * link.alpha + per_byte * nbytes * link.beta
-
-
-def all_gather_s(nbytes_per_worker: float, world_size: int, link: Link) -> float:
-    """Ring all-gather, ``b`` bytes from each worker: ``(N−1)·α + (N−1) · b·β``."""
-    latency, per_byte = ring_coefficients("all_gather", world_size)
-    return latency * link.alpha + per_byte * nbytes_per_worker * link.beta
-
-
-def expected_max_normal(count: int) -> float:
-    """Expected maximum of ``count`` independent standard normals (Blom's approximation).
-
-    0 for one rank, 0.59 for 2 (exact: 0.56), 1.55 for 8, 2.07 for 32, 2.41 for 64: how many
-    standard deviations of compute jitter the slowest of ``count`` ranks lags the mean.
-    """
-    if count < 1:
-        raise ValueError(f"count: must be >= 1, got {count}")
-    return NormalDist().inv_cdf((count - 0.375) / (count + 0.25)) if count > 1 else 0.0
-
-
-# --------------------------------------------------------------------------------------------
-# Bucket layout
-# --------------------------------------------------------------------------------------------
-
-
-def build_bucket_layout(
-    shapes: Sequence[Shape],
-    bucket_cap_bytes: float = DDP_BUCKET_CAP_BYTES,
-    first_bucket_bytes: float | None = DDP_FIRST_BUCKET_BYTES,
-    element_bytes: int = FP32_BYTES,
-) -> Layout:
-    """A DDP-like bucket layout: parameter indices per bucket, in the order buckets fire.
-
-    Like DDP, parameters are taken in reverse order (the last layer's gradients are ready
-    first); a bucket closes once it holds at least its cap, so one large tensor may overflow
-    it. The first bucket uses ``first_bucket_bytes`` (DDP: 1 MiB) so communication starts
-    early; pass ``None`` to use ``bucket_cap_bytes`` throughout.
-    """
-    if not bucket_cap_bytes > 0:
-        raise ValueError(f"bucket_cap_bytes: must be > 0, got {bucket_cap_bytes!r}")
-    buckets: list[tuple[int, ...]] = []
-    current: list[int] = []
-    size = 0.0
-    for index in reversed(range(len(shapes))):
-        current.append(index)
-        size += numel(shapes[index]) * element_bytes
-        cap = first_bucket_bytes if (not buckets and first_bucket_bytes) else bucket_cap_bytes
-        if size >= cap:
-            buckets.append(tuple(current))
-            current, size = [], 0.0
-    if current:
-        buckets.append(tuple(current))
-    return tuple(buckets)
-
-
-def _complete_layout(buckets: Iterable[Iterable[int]], count: int) -> Layout:
-    """Validate a layout; parameters it leaves out are appended as one last bucket.
-
-    The extra bucket keeps ``bytes_per_step`` equal to ``wire_bytes`` over all shapes.
-    """
-    layout = tuple(tuple(int(i) for i in bucket) for bucket in buckets if len(tuple(bucket)))
-    seen: set[int] = set()
-    for bucket in layout:
-        for index in bucket:
-            if not 0 <= index < count:
-                raise ValueError(f"buckets: parameter index {index} out of range for {count} shapes")
-            if index in seen:
-                raise ValueError(f"buckets: parameter index {index} appears twice")
-            seen.add(index)
-    missing = tuple(i for i in reversed(range(count)) if i not in seen)
-    return layout + ((missing,) if missing else ())
-
-
-# --------------------------------------------------------------------------------------------
-# Codec costs
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CodecCost:
-    """Calibrated encode+decode seconds for one whole step of one candidate.
-
-    The total is spread over buckets and over the encode / between-round / decode phases in
-    proportion to the work model (:func:`codec_work`), so its placement in the step is right
-    even though only the sum was measured.
-    """
-
-    step_s: float
-
-
-@dataclass(frozen=True)
-class ElementCost:
-    """Per-element codec cost: ``seconds = fixed_s + per_element_s · elements`` per bucket phase.
-
-    ``elements`` are element passes as counted by :func:`codec_work`; a worker calibrates
-    ``per_element_s`` (and ``fixed_s``, kernel launches and buffer packing) on its own device
-    by timing one step's encode+decode and dividing by that count.
-    """
-
-    per_element_s: float
-    fixed_s: float = 0.0
-    calibrated: bool = True
-
-
-#: UNCALIBRATED default: roughly one CPU core streaming fp32 (≈1 G element passes/s, 50 µs
-#: per bucket phase). GPUs are 10-100× faster; use a calibrated cost wherever one exists.
-DEFAULT_CPU_CODEC = ElementCost(per_element_s=1e-9, fixed_s=50e-6, calibrated=False)
-
-CodecModel = Union[CodecCost, ElementCost]
-
-
-class _TensorLoad(NamedTuple):
-    """One gradient's share of its bucket: bytes per round and codec work per phase."""
-
-    round1_bytes: float  # fused into the bucket's first collective
-    round2_bytes: float  # PowerSGD's Q factors (second, dependent round)
-    gather_bytes: float  # all-gather payload (signsgd, topk)
-    encode: float  # element passes before the first round
-    between: float  # element passes between PowerSGD's rounds
-    decode: float  # element passes after the last round
-
-
-def _tensor_load(spec: CompressorSpec, shape: Shape, world_size: int) -> _TensorLoad:
-    """Bytes and work for one gradient (see docs/cost-model.md, "The work model", and docs/compressors.md for each algorithm's steps)."""
-    size = numel(shape)
-    wire = tensor_wire_bytes(spec, shape)
-    if spec.name == "none":
-        return _TensorLoad(wire, 0.0, 0.0, 0.0, 0.0, 0.0)
-    if spec.name in ("fp16", "bf16"):
-        return _TensorLoad(wire, 0.0, 0.0, size, 0.0, size)  # cast down, cast up
-    if not is_compressed(spec, shape):
-        return _TensorLoad(wire, 0.0, 0.0, size, 0.0, size)  # copy into / out of the fused buffer
-    if spec.name == "signsgd":
-        # Encode: add error, scale and sign, residual. Decode: unpack and sum all N workers' signs.
-        return _TensorLoad(0.0, 0.0, wire, 3 * size, 0.0, (world_size + 1) * size)
-    if spec.name == "topk":
-        kept = topk_count(spec, size)
-        return _TensorLoad(0.0, 0.0, wire, 3 * size, 0.0, size + world_size * kept)
-    n, m = matrix_dims(shape)
-    r = effective_rank(spec, shape)
-    product = size * r / MACS_PER_ELEMENT_PASS  # one n×m by m×r (or transposed) product
-    if spec.name == "powersgd":
-        # Encode: M = G + e, orth(Q), P = M Q. Between: orth(P), Q = Mᵀ P̂.
-        # Decode: P̂ Qᵀ, e = M − approx, write the gradient.
-        orth_q = m * r * r / MACS_PER_ELEMENT_PASS
-        orth_p = n * r * r / MACS_PER_ELEMENT_PASS
-        return _TensorLoad(
-            FP32_BYTES * r * n, FP32_BYTES * r * m, 0.0,
-            size + orth_q + product, orth_p + product, 2 * size + product,
-        )
-    if spec.name == "acpsgd":
-        # Encode (average of P- and Q-steps): orth of the kept factor, X, residual e.
-        # Decode: P Q̂ᵀ / N into the gradient.
-        orth = (n + m) / 2 * r * r / MACS_PER_ELEMENT_PASS
-        return _TensorLoad(wire, 0.0, 0.0, 2 * size + orth + 2 * product, 0.0, size + product)
-    raise AssertionError(f"no load model for {spec.name}")
-
-
-class _BucketLoad(NamedTuple):
-    numel: int
-    round1_bytes: float
-    round2_bytes: float
-    gather_bytes: float
-    encode: float
-    between: float
-    decode: float
-
-
-@lru_cache(maxsize=4096)
-def _bucket_loads(
-    spec: CompressorSpec, shapes: tuple[tuple[int, ...], ...], layout: Layout, world_size: int
-) -> tuple[_BucketLoad, ...]:
-    """Per-bucket bytes and work; cached because the simulator asks again and again."""
-    loads = []
-    for bucket in layout:
-        parts = [_tensor_load(spec, shapes[i], world_size) for i in bucket]
-        loads.append(
-            _BucketLoad(
-                sum(numel(shapes[i]) for i in bucket),
-                *(math.fsum(p[j] for p in parts) for j in range(6)),
-            )
-        )
-    return tuple(loads)
-
-
-def codec_work(spec: CompressorSpec, shapes: Iterable[Shape], world_size: int) -> float:
-    """Element passes one step's encode+decode does (the ``elements`` of :class:`ElementCost`).
-
-    A worker calibrates ``per_element_s`` as measured seconds divided by this number.
-    """
-    total = 0.0
-    for shape in shapes:
-        load = _tensor_load(spec, tuple(shape), world_size)
-        total += load.encode + load.between + load.decode
-    return total
-
-
-# --------------------------------------------------------------------------------------------
-# Model profile and prediction
-# --------------------------------------------------------------------------------------------
+# The cost model's public names, wherever they live (link, bucket layout, candidates).
+__all__ = [
+    "DDP_BUCKET_CAP_BYTES", "DDP_FIRST_BUCKET_BYTES", "DEFAULT_CPU_CODEC", "DEFAULT_TOPK_RATIOS",
+    "MACS_PER_ELEMENT_PASS", "CodecCost", "CodecModel", "ElementCost", "Layout", "Link", "StepPrediction",
+    "StepProfile", "all_gather_s", "all_reduce_s", "alpha_beta_from_bandwidth", "build_bucket_layout",
+    "candidate_ranks", "candidates", "codec_work", "expected_max_normal", "predict_step", "ring_coefficients",
+]
 
 
 @dataclass(frozen=True)
@@ -381,7 +140,7 @@ class StepProfile:
         shape_tuple = tuple(tuple(int(d) for d in s) for s in shapes)
         bucket_list = list(buckets) if buckets is not None else []
         layout = (
-            _complete_layout(bucket_list, len(shape_tuple))
+            complete_layout(bucket_list, len(shape_tuple))
             if bucket_list
             else build_bucket_layout(shape_tuple, bucket_cap_bytes)
         )
@@ -457,7 +216,7 @@ class StepPrediction:
 
 
 def _phase_seconds(
-    loads: Sequence[_BucketLoad], codec: CodecModel
+    loads: Sequence[BucketLoad], codec: CodecModel
 ) -> tuple[list[float], list[float], list[float], bool]:
     """Encode, between-round and decode seconds per bucket under a codec cost model."""
     if isinstance(codec, ElementCost):
@@ -483,13 +242,13 @@ def _phase_seconds(
     )
 
 
-def _link_rounds(spec: CompressorSpec, loads: Sequence[_BucketLoad], world_size: int, link: Link) -> list[tuple[float, ...]]:
+def _link_rounds(spec: CompressorSpec, loads: Sequence[BucketLoad], world_size: int, link: Link) -> list[tuple[float, ...]]:
     """Link seconds of each bucket's rounds (one round, or PowerSGD's two).
 
     A shaper's burst (``link.burst_bytes``) is spent on the step's first bytes, in the order
     the buckets fire (round 2s come later, so they get what round 1s left).
     """
-    burst = _Burst(link.burst_bytes)
+    burst = Burst(link.burst_bytes)
     firsts = []
     for b in loads:
         first = burst.collective_s("all_reduce", b.round1_bytes, world_size, link) if b.round1_bytes > 0 else 0.0
@@ -499,20 +258,6 @@ def _link_rounds(spec: CompressorSpec, loads: Sequence[_BucketLoad], world_size:
     return [(first, burst.collective_s("all_reduce", b.round2_bytes, world_size, link)) if b.round2_bytes > 0 else (first,)
             for first, b in zip(firsts, loads)]
 
-
-class _Burst:
-    """What is left of a shaper's burst in one step (see :class:`Link`)."""
-
-    def __init__(self, nbytes: float) -> None:
-        self.left = nbytes
-
-    def collective_s(self, kind: str, nbytes: float, world_size: int, link: Link) -> float:
-        """The collective's ring time less the transfer time of the burst it uses up."""
-        _, per_byte = ring_coefficients(kind, world_size)
-        free = min(self.left, per_byte * nbytes)  # of the bytes each rank puts on its link
-        self.left -= free
-        ring_s = all_reduce_s if kind == "all_reduce" else all_gather_s
-        return ring_s(nbytes, world_size, link) - free * link.beta
 
 
 def _simulate(
@@ -578,7 +323,7 @@ def predict_step(
     """
     if world_size < 1:
         raise ValueError(f"world_size: must be >= 1, got {world_size}")
-    loads = _bucket_loads(spec, profile.shapes, profile.buckets, world_size)
+    loads = bucket_loads(spec, profile.shapes, profile.buckets, world_size)
     encode, between, decode, calibrated = _phase_seconds(loads, codec or profile.codec_for(spec))
     codec_s = math.fsum(encode) + math.fsum(between) + math.fsum(decode)
     rounds = _link_rounds(spec, loads, world_size, link)
@@ -602,59 +347,3 @@ def predict_step(
         bytes_per_step=math.fsum(b.round1_bytes + b.round2_bytes + b.gather_bytes for b in loads),
         codec_calibrated=calibrated,
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Candidates
-# --------------------------------------------------------------------------------------------
-
-DEFAULT_TOPK_RATIOS: tuple[float, ...] = (0.01, 0.001)
-
-# Least lossy first; the policy breaks ties between equally fast candidates by this order.
-_ORDER = ("none", "fp16", "bf16", "acpsgd", "powersgd", "topk", "signsgd")
-
-
-def candidate_ranks(min_rank: int, max_rank: int) -> tuple[int, ...]:
-    """Powers of two within ``[min_rank, max_rank]``, plus both bounds, highest first."""
-    if min_rank < 1 or min_rank > max_rank:
-        raise ValueError(f"min_rank: must be in [1, max_rank={max_rank}], got {min_rank}")
-    ranks = {min_rank, max_rank}
-    power = 1
-    while power <= max_rank:
-        if power >= min_rank:
-            ranks.add(power)
-        power *= 2
-    return tuple(sorted(ranks, reverse=True))
-
-
-@lru_cache(maxsize=256)
-def _candidates(allowed: tuple[str, ...], min_rank: int, max_rank: int, ratios: tuple[float, ...]) -> tuple[CompressorSpec, ...]:
-    unknown = [name for name in allowed if name not in _ORDER]
-    if unknown:
-        raise ValueError(f"allowed: unknown compressor {unknown[0]!r}")
-    out: list[CompressorSpec] = []
-    for name in _ORDER:
-        if name not in allowed:
-            continue
-        if name in LOW_RANK:
-            out.extend(make_spec(name, rank=r) for r in candidate_ranks(min_rank, max_rank))
-        elif name == "topk":
-            out.extend(make_spec(name, ratio=q) for q in sorted(set(ratios), reverse=True))
-        else:
-            out.append(make_spec(name))
-    return tuple(out)
-
-
-def candidates(
-    allowed: Iterable[str],
-    min_rank: int = 1,
-    max_rank: int = 64,
-    ratios: Iterable[float] = DEFAULT_TOPK_RATIOS,
-) -> tuple[CompressorSpec, ...]:
-    """Every (compressor, rank/ratio) option, least lossy first.
-
-    none, fp16, bf16 and signsgd once each; powersgd and acpsgd at :func:`candidate_ranks`
-    (highest rank first); topk at each ratio (largest first). Only names in ``allowed``.
-    """
-    return _candidates(tuple(allowed), int(min_rank), int(max_rank), tuple(float(q) for q in ratios))
-

@@ -41,9 +41,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Union
 
+from planning import registry
 from planning.costmodel import (
     DEFAULT_TOPK_RATIOS,
     Link,
@@ -54,17 +55,15 @@ from planning.costmodel import (
     predict_step,
 )
 from planning.progress import Measured, calibrated_errors, error_of, record_running, seconds_per_progress
-from planning.spec import COMPRESSOR_NAMES, LOW_RANK, CompressorSpec
-
-#: Compressors that lose information and have no rank to raise in a critical regime.
-_LOSSY_WITHOUT_RANK = frozenset({"signsgd", "topk"})
+from planning.spec import CompressorSpec
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
     """Bounds and hysteresis of the adaptive policy (validated on construction)."""
 
-    allowed: tuple[str, ...] = COMPRESSOR_NAMES
+    #: Default: every compressor in the registry.
+    allowed: tuple[str, ...] = field(default_factory=registry.names)
     min_rank: int = 1
     max_rank: int = 64
     topk_ratios: tuple[float, ...] = DEFAULT_TOPK_RATIOS
@@ -87,7 +86,7 @@ class PolicyConfig:
         if not self.allowed:
             raise ValueError("allowed: must name at least one compressor")
         for name in self.allowed:
-            if name not in COMPRESSOR_NAMES:
+            if registry.unknown_name(name):
                 raise ValueError(f"allowed: unknown compressor {name!r}")
         if not 1 <= self.min_rank <= self.max_rank:
             raise ValueError(f"min_rank: must be in [1, max_rank={self.max_rank}], got {self.min_rank}")
@@ -245,13 +244,13 @@ def guard_failure(spec: CompressorSpec, cfg: PolicyConfig, critical: bool) -> st
     """Why ``spec`` fails the quality guard, or ``None`` when it passes (see step 3)."""
     if spec.name not in cfg.allowed:
         return f"{spec.name} is not among the allowed compressors"
-    if spec.name in LOW_RANK:
-        assert spec.rank is not None
+    description = registry.codec(spec.name)
+    if spec.rank is not None:
         low = cfg.critical_min_rank if critical else cfg.min_rank
         if not low <= spec.rank <= cfg.max_rank:
             regime = "in a critical regime " if critical else ""
             return f"rank {spec.rank} is outside [{low}, {cfg.max_rank}] {regime}".rstrip()
-    elif critical and spec.name in _LOSSY_WITHOUT_RANK:
+    elif critical and description.too_lossy_when_critical:
         return f"{spec.name} is too lossy for a critical regime"
     return None
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-#: Relative error of the casts, from their unit round-off (used until a measurement comes).
-CAST_ERROR = {"none": 0.0, "fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+from planning import registry
 
 
 def contraction(error: float) -> float:
@@ -41,10 +40,11 @@ def seconds_per_progress(step_s: float, error: float) -> float:
 
 def error_of(label: str, name: str, errors: Mapping[str, float] | None) -> float | None:
     """The error to judge ``label`` by: the measured estimate, else the casts' known bound,
-    else None (unknown: a lossy candidate without a measurement is not chosen)."""
+    else None (unknown: a lossy candidate without a measurement is not chosen). The known
+    bounds are the descriptions' ``Codec.known_error`` (the casts' unit round-off)."""
     if errors is not None and label in errors:
         return errors[label]
-    return CAST_ERROR.get(name)
+    return registry.codec(name).known_error
 
 
 # --------------------------------------------------------------------------------------------
@@ -59,9 +59,10 @@ Measured = tuple[tuple[str, float], ...]  # (label, averaged running error), lat
 
 def family(label: str) -> str:
     """Candidates whose estimates err the same way: the low-rank compressors together (both
-    warm-started power iterations with error feedback), every other compressor by itself."""
+    warm-started power iterations with error feedback), every other compressor by itself
+    (``Codec.family``)."""
     name = label.split("-", 1)[0]
-    return "low-rank" if name in ("powersgd", "acpsgd") else name
+    return registry.codec(name).error_family()
 
 
 def record_running(measured: Measured, label: str, error: float, weight: float = RUNNING_WEIGHT) -> Measured:

@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from planning import registry
 from planning.decision import Decision as Decision  # the one decision type, re-exported for the wire
-from planning.spec import COMPRESSOR_NAMES, make_spec
+from planning.spec import make_spec
 
 PHASES: tuple[str, ...] = ("data", "forward", "backward", "exposed_comm", "optimizer")
 HOOK_PHASES: tuple[str, ...] = ("compress", "communicate", "decompress")
@@ -77,7 +78,7 @@ class CompressionConfig(_Strict):
     """How a job compresses gradients: a fixed choice, or adaptive within bounds."""
 
     mode: Literal["fixed", "adaptive"] = "fixed"
-    compressor: str = "acpsgd"
+    compressor: str = registry.DEFAULT_COMPRESSOR
     rank: int | None = Field(default=None, ge=1, le=4096)
     ratio: float | None = Field(default=None, gt=0, le=1)
     warmup_steps: int = Field(default=0, ge=0, le=1_000_000)
@@ -95,8 +96,9 @@ class CompressionConfig(_Strict):
     @field_validator("compressor")
     @classmethod
     def _known_compressor(cls, value: str) -> str:
-        if value not in COMPRESSOR_NAMES:
-            raise ValueError(f"unknown compressor {value!r}; choose one of {', '.join(COMPRESSOR_NAMES)}")
+        why = registry.unknown_name(value)
+        if why:
+            raise ValueError(why)
         return value
 
     @field_validator("allowed")
@@ -107,8 +109,9 @@ class CompressionConfig(_Strict):
         if not value:
             raise ValueError("must name at least one compressor")
         for name in value:
-            if name not in COMPRESSOR_NAMES:
-                raise ValueError(f"unknown compressor {name!r}; choose from {', '.join(COMPRESSOR_NAMES)}")
+            why = registry.unknown_name(name)
+            if why:
+                raise ValueError(why)
         return value
 
     @model_validator(mode="after")
@@ -121,10 +124,10 @@ class CompressionConfig(_Strict):
     def compressor_params(self) -> dict[str, Any]:
         """Parameters for ``compressors.build(self.compressor, **params)``."""
         params: dict[str, Any] = {"warmup_steps": self.warmup_steps}
-        if self.compressor in ("powersgd", "acpsgd") and self.rank is not None:
-            params["rank"] = self.rank
-        if self.compressor == "topk" and self.ratio is not None:
-            params["ratio"] = self.ratio
+        description = registry.codec(self.compressor)
+        for name in ("rank", "ratio"):  # the job fields that are compressor parameters
+            if description.takes(name) and getattr(self, name) is not None:
+                params[name] = getattr(self, name)
         return params
 
 

@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from compressors import GradientSync
 from compressors.base import GradSlot, from_spec, run_in_lockstep
+from planning import registry
 from planning.controller import decision_for
 from planning.costmodel import build_bucket_layout, codec_work
 from planning.protocol import Decision, ModelProfile, Telemetry, TrainConfig
@@ -406,7 +407,7 @@ class _Reporter:
         if self.quality is not None:
             self.quality.after_step()
         if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
-            kind = "all_reduce" if self.sync.compressor.spec.collective == "all_reduce" else "all_gather"
+            kind = registry.codec(self.sync.compressor.name).collective
             self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
         now = time.monotonic()
         if isinstance(self.source, ScriptedDecisions):
@@ -500,13 +501,13 @@ def calibrate_codecs(shapes: list[tuple[int, ...]], buckets: Sequence[Sequence[i
     device = device or torch.device("cpu")
     clock = codec_clock(device)
     rank = max(cfg.compression.min_rank, min(4, cfg.compression.max_rank))
-    allowed = cfg.compression.allowed or ["none", "fp16", "bf16", "signsgd", "topk", "powersgd", "acpsgd"]
+    allowed = cfg.compression.allowed or list(registry.names())
     seconds: dict[str, float] = {}
     per_element: dict[str, float] = {}
     generator = torch.Generator(device=device).manual_seed(0)  # leaves the training's RNG streams alone
     grads = [torch.randn(shape, device=device, generator=generator) for shape in shapes]
     for name in allowed:
-        params = {"rank": rank} if name in ("powersgd", "acpsgd") else {}
+        params = {"rank": rank} if registry.codec(name).takes("rank") else {}
         spec = make_spec(name, **params)
         compressor = from_spec(spec)
         timed = []

@@ -35,6 +35,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from compressors import GradientSync
 from compressors.base import from_spec
+from planning import registry
 from planning.controller import decision_for
 from planning.protocol import EXTERNAL_DATASET, CompressionConfig, Decision, TrainConfig, is_import_path
 from planning.spec import make_spec
@@ -72,7 +73,7 @@ def compression_config(compression: str | dict[str, Any] | CompressionConfig | N
     if compression is None or isinstance(compression, str):
         if compression == "adaptive":
             return CompressionConfig(mode="adaptive", **params)
-        return CompressionConfig(mode="fixed", compressor=compression or "acpsgd", **params)
+        return CompressionConfig(mode="fixed", compressor=compression or registry.DEFAULT_COMPRESSOR, **params)
     return CompressionConfig.model_validate({**compression, **params})
 
 

@@ -1,0 +1,106 @@
+"""The one list of compressors: name → torch-free description (``planning.codec.Codec``).
+
+Every question about a compressor goes through here: ``planning.spec.make_spec`` (which
+parameters it takes), ``planning.wire`` (which tensors, how many bytes), the cost model (its
+work model), the policy (its candidates and how lossy it is), job validation (the names) and
+``compressors.build`` (its kernel, by import path). Adding a compressor: its description in
+``planning/codecs/<name>.py``, its kernel in ``compressors/<name>.py`` and one line in
+:data:`_BUILTIN` (docs/compressors.md, "How to add a compressor").
+
+The registry imports the description modules and they import only ``planning.codec`` and
+``planning.shapes``; the kernels are named by strings, so nothing here imports torch or
+closes an import cycle (``tests/unit/test_registry.py`` checks both).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from planning.codec import Codec
+from planning.codecs.acpsgd import ACPSGD_CODEC
+from planning.codecs.cast import BF16, FP16
+from planning.codecs.none import NONE
+from planning.codecs.powersgd import POWERSGD
+from planning.codecs.signsgd import SIGNSGD
+from planning.codecs.topk import TOPK
+
+#: The built-in compressors, in order from no compression to the most.
+_BUILTIN: tuple[Codec, ...] = (NONE, FP16, BF16, SIGNSGD, TOPK, POWERSGD, ACPSGD_CODEC)
+
+#: The compressor a job uses when it names none (user-facing defaults read it).
+DEFAULT_COMPRESSOR = ACPSGD_CODEC.name
+#: The uncompressed baseline (compression ratios are against it).
+UNCOMPRESSED = NONE.name
+
+_codecs: dict[str, Codec] = {codec.name: codec for codec in _BUILTIN}
+_version = 0
+
+#: The names of the built-in compressors (``names()`` also has registered ones).
+BUILTIN_NAMES: tuple[str, ...] = tuple(codec.name for codec in _BUILTIN)
+
+
+def names() -> tuple[str, ...]:
+    """Every compressor ``build()`` knows, the built-ins first."""
+    return tuple(_codecs)
+
+
+def version() -> int:
+    """Changes whenever the registry does (caches that depend on it key on it)."""
+    return _version
+
+
+def codec(name: str) -> Codec:
+    """The description of ``name``; ``ValueError`` naming the field when unknown."""
+    try:
+        return _codecs[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"name: unknown compressor {name!r}; choose one of {', '.join(_codecs)}") from None
+
+
+def unknown_name(value: object) -> str | None:
+    """The message for a name that is not a compressor (without a field prefix), or None."""
+    if isinstance(value, str) and value in _codecs:
+        return None
+    shown = value[:40] if isinstance(value, str) else value
+    return f"unknown compressor {shown!r}; choose one of {', '.join(_codecs)}"
+
+
+def by_lossiness() -> tuple[Codec, ...]:
+    """Every compressor, the least lossy first (the policy's tie-break order)."""
+    return tuple(sorted(_codecs.values(), key=lambda c: c.lossiness))
+
+
+def max_rounds() -> int:
+    """The most dependent collective rounds any compressor uses per bucket and step."""
+    return max(c.rounds for c in _codecs.values())
+
+
+def register(description: Codec) -> None:
+    """Add a compressor (a name already taken is an error)."""
+    global _version
+    if not isinstance(description, Codec):
+        raise TypeError(f"register: expected a Codec, got {type(description).__name__}")
+    if description.name in _codecs:
+        raise ValueError(f"name: compressor {description.name!r} is already registered")
+    _codecs[description.name] = description
+    _version += 1
+
+
+def unregister(name: str) -> None:
+    """Remove a registered compressor (built-ins stay)."""
+    global _version
+    if name in BUILTIN_NAMES:
+        raise ValueError(f"name: {name!r} is built in")
+    _codecs.pop(name, None)
+    _version += 1
+
+
+@contextmanager
+def registered(description: Codec) -> Iterator[Codec]:
+    """Register ``description`` for the duration of a ``with`` block (tests, plugins)."""
+    register(description)
+    try:
+        yield description
+    finally:
+        unregister(description.name)
