@@ -58,7 +58,7 @@ DEFAULT_TRACE = "25:300,1:120,25:300,1:120,25:300"
 ALLOWED = ("none", "acpsgd", "powersgd", "topk", "signsgd")
 METHOD_OF = {"none": "ssgd", "acpsgd": "acpsgd", "powersgd": "powersgd", "topk": "topk", "signsgd": "signsgd"}
 REPORT_EVERY_S = 2.0
-#: α per ring step for the trace's rates (NCCL over TCP on Ethernet, as simulate.py assumes).
+#: α per ring step for the trace's rates (NCCL over TCP on Ethernet, as benchmarks.simulate assumes).
 ALPHA_S = NETWORKS["10GbE"]["alpha_s"]
 
 
@@ -130,7 +130,7 @@ def measured_errors(model: str, specs: Sequence[CompressorSpec], batch: int = 2)
 
 def profile_for(model: str, shapes: Sequence[Sequence[int]], ready: Sequence[float] | None,
                 cost_json: Mapping[str, Any] | None, specs: Sequence[CompressorSpec]) -> StepProfile:
-    """simulate.py's paper-scale profile, with a GPU codec cost for every candidate label."""
+    """benchmarks.simulate's paper-scale profile, with a GPU codec cost for every candidate label."""
     gpu = GPU_COMPUTE[model]
     fractions = ready_fractions(ready)
     layout = layout_for(shapes, 25.0, ddp_default=True)
@@ -244,7 +244,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 
 def ratio_from_benchmark(path: Path) -> float | None:
-    """Median running/estimated error of the adaptive runs' lossy low-rank choices in adaptive.py's JSON."""
+    """Median running/estimated error of the adaptive runs' lossy low-rank choices in benchmarks.adaptive's JSON."""
     if not path.exists():
         return None
     doc = json.loads(path.read_text())

@@ -1,6 +1,6 @@
 """Encode+decode of this checkout's compressors against another checkout's, alternated every step.
 
-Why: on a shared machine two separate runs of ``compressor_cost.py`` differ by 10-30 % from
+Why: on a shared machine two separate runs of ``benchmarks.compressor_cost`` differ by 10-30 % from
 load alone (PyTorch's unchanged hook moved that much between runs here), far more than the
 few percent a change must be checked to. This runs both versions in ONE process on the same
 gradients, one step each per round (``compressor_cost.measure``), so machine noise hits both

@@ -101,7 +101,7 @@ def make_workload(name: str, shapes: Sequence[tuple[int, ...]], rank: int, *,
                   bucket_cap_bytes: float = BUCKET_CAP_BYTES, first_bucket_bytes: float | None = DDP_FIRST_BUCKET_BYTES,
                   seed: int = 0, device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32) -> Workload:
     """Random gradients of ``shapes`` in DDP-like buckets of ``bucket_cap_bytes`` (the first
-    one ``first_bucket_bytes``: DDP's default 1 MiB; None when a job sets its cap, as paper.py),
+    one ``first_bucket_bytes``: DDP's default 1 MiB; None when a job sets its cap, as benchmarks.paper),
     on ``device``, in ``dtype``. Buckets are laid out as for fp32 (same buckets whatever the dtype)."""
     shapes = [tuple(int(d) for d in shape) for shape in shapes]
     generator = torch.Generator().manual_seed(seed)

@@ -53,7 +53,7 @@ def time_to_target(evals: Sequence[Sequence[float]], target: float) -> float | N
 def running_over_estimate(reports: Sequence[dict[str, Any]]) -> list[float]:
     """Per report of a low-rank choice: its running error over its own estimate (the raw
     gradient's best rank-r error). What error feedback and a warm start cost beyond the best case;
-    ``benchmarks/adaptive_replay.py`` takes the median as its default."""
+    ``benchmarks.adaptive_replay`` takes the median as its default."""
     out = []
     for report in reports:
         label, error = step_label(report), report.get("compression_error")

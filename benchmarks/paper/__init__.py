@@ -3,7 +3,7 @@
 Methods: ``ssgd`` (DDP all-reduce, compressor ``none``), ``signsgd``, ``topk`` (ratio 0.01),
 ``powersgd`` (ours), ``torch_powersgd`` (PyTorch's ``powerSGD_hook``) and ``acpsgd``, on
 ResNet-50, ResNet-152, BERT-Base and a BERT-Large-like model, 2 (and 4) workers, each worker
-in its own network namespace of ``benchmarks/testbed.py`` with a ``tc`` rate limit.
+in its own network namespace of ``benchmarks.testbed`` with a ``tc`` rate limit.
 
 Why a benchmark-side rank runner (``_rank``) instead of ``workers.rank_main``: every method,
 PyTorch's hook included, must be timed by the same code; the paper's statistics need every

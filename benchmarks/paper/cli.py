@@ -247,7 +247,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
     protocol_note += "; iter s = mean of the block means, ± 1.96 σ of the block means; samples/s = batch × workers / iter s."
     doc = {
         "quick": quick,
-        "command": "python benchmarks/paper.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.paper " + " ".join(argv if argv is not None else sys.argv[1:]),
         "protocol_note": protocol_note,
         "results": results,
         "ablations": ablation_rows,

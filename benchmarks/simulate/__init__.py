@@ -11,7 +11,7 @@ order, one compute stream, one link, PowerSGD's two dependent rounds) is fed her
   measured *shape* of backward and scale it to an assumed GPU total, see below);
 * **measured encode/decode time**: each real run's own ``compress + decompress`` CPU seconds
   for the validation (× :func:`codec_share_factor` where ranks outnumber cores; PyTorch's
-  hook, whose codec cannot be timed in its run, by ``paper.py``'s estimate: our PowerSGD's ×
+  hook, whose codec cannot be timed in its run, by ``benchmarks.paper``'s estimate: our PowerSGD's ×
   the torch/ours ratio measured apart in the runs' layouts), and
   ``benchmarks/results/compressor_cost.json`` (same parameter shapes as the paper: ResNet-50
   rank 4, BERT-Base rank 32) turned into seconds per element pass for the paper-scale

@@ -20,9 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.simulate", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--paper-json", type=Path, default=REPO_ROOT / "benchmarks/results/paper.json",
-                        help="real runs (paper.py --json-out): validation and measured ready-time profiles")
+                        help="real runs (benchmarks.paper --json-out): validation and measured ready-time profiles")
     parser.add_argument("--cost-json", type=Path, default=REPO_ROOT / "benchmarks/results/compressor_cost.json",
-                        help="measured encode+decode seconds per method (benchmarks/compressor_cost.py)")
+                        help="measured encode+decode seconds per method (benchmarks.compressor_cost)")
     parser.add_argument("--codec-speedup", type=float, default=GPU_CODEC_SPEEDUP,
                         help="assumed GPU/CPU speed ratio of the codec kernels")
     parser.add_argument("--json-out", type=Path, default=REPO_ROOT / "benchmarks/results/simulate.json")
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{m}: batch {int(c['batch'])}, forward {c['forward_s'] * 1e3:.0f} ms, backward "
                 f"{c['backward_s'] * 1e3:.0f} ms, optimizer {c['optimizer_s'] * 1e3:.0f} ms"
                 for m, c in GPU_COMPUTE.items()),
-            "Backward spread over layers as measured on CPU (per-parameter gradient ready times of paper.py's "
+            "Backward spread over layers as measured on CPU (per-parameter gradient ready times of benchmarks.paper's "
             "calibration run) where the benchmark used the paper's shapes; else by parameter count.",
             f"GPU codec = CPU per-element cost from compressor_cost.json ÷ {args.codec_speedup:g}, "
             f"+ {GPU_CODEC_FIXED_S * 1e6:.0f} µs per bucket phase (assumed).",

@@ -23,7 +23,7 @@ MB = 1024 * 1024
 #: DDP's bucket cap when none is given, and its small first bucket (only when none is given).
 DEFAULT_BUCKET_CAP_MB = 25.0
 DDP_FIRST_BUCKET_MB = 1.0
-#: A bucket cap this large means "one bucket" (PyTorch's powerSGD_hook on gloo, see paper.py).
+#: A bucket cap this large means "one bucket" (PyTorch's powerSGD_hook on gloo, see benchmarks.paper).
 ONE_BUCKET_MB = 10_000.0
 
 #: The paper's averages (ICDCS'23, abstract): ACP-SGD over S-SGD and over PowerSGD.

@@ -23,7 +23,7 @@ def codec_share_factor(workers: int, cpu_cores: int | None) -> float:
     """Wall seconds per CPU second of a codec on the measuring host.
 
     The runs time codecs as CPU time (``compressors.sync``), and the ranks (one CPU thread
-    each, as ``paper.py`` runs them) run theirs at about the same moment (their collectives
+    each, as ``benchmarks.paper`` runs them) run theirs at about the same moment (their collectives
     keep them in step), so N ranks on C < N cores get C/N of a core each: 4 ranks on this
     machine's 2 cores take twice as long. Compute needs no such factor: it is measured in
     wall time, at the same worker count.
@@ -55,7 +55,7 @@ def validate(paper: Mapping[str, Any]) -> list[dict[str, Any]]:
                           jitter_s=row.get("compute_jitter_s", 0.0), collective_cpu_s=calib.get("collective_cpu_s", 0.0))
         codec_s = max(0.0, row["phase_s"].get("compress", 0.0) + row["phase_s"].get("decompress", 0.0))
         if row["method"] == "torch_powersgd":
-            # Its hook's whole run (encode, both rounds, decode) is one timed span: paper.py
+            # Its hook's whole run (encode, both rounds, decode) is one timed span: benchmarks.paper
             # estimates its codec as our PowerSGD's × the torch/ours ratio measured apart.
             codec_s = row.get("codec_estimate_s", 0.0)
         cores = row.get("cpu_cores") or host.get("cpu_cores")  # the run's own; else the report's machine
