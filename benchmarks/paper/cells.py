@@ -125,6 +125,7 @@ class Cell:
         payload = json.dumps({**asdict(self), "tag": None}, sort_keys=True)
         return hashlib.sha1(payload.encode()).hexdigest()[:16]
 
+
 #: The bucket cap of the grid's cells: the isolated codec measurement uses the same layout.
 CODEC_BUCKET_CAP_MB = Cell.__dataclass_fields__["bucket_cap_mb"].default
 

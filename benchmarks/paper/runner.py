@@ -42,7 +42,6 @@ class Runner:
         self._testbeds.clear()
 
     def _testbed(self, workers: int, mbit: float) -> Any:
-
         tb = self._testbeds.get(workers)
         if tb is None:
             tb = self._testbeds[workers] = Testbed(hosts=workers, mbit=mbit).start()
@@ -122,7 +121,6 @@ class Runner:
         return self._cached(f"codecs-{workload}-{key}.json", measure)
 
     def _attempt(self, cell: Cell, timeout_s: float) -> dict[str, Any]:
-
         self._port += 1
         with bench_lock() as waited, tempfile.TemporaryDirectory(prefix="gw-paper-") as tmp:
             quiet_wait, busy_before = wait_for_quiet(self.quiet_wait_s, self.quiet_cores, window_s=2.0)

@@ -6,14 +6,17 @@ from __future__ import annotations
 import atexit
 import signal
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from benchmarks.testbed.bed import Testbed
+
+class Closable(Protocol):
+    """What is tracked here: a testbed, by what removes it (kept apart so nothing here imports the testbed)."""
+
+    def close(self) -> None: ...
 
 # --------------------------------------------------------------------------- lifetime hooks
 
-_LIVE: set["Testbed"] = set()
+_LIVE: set[Closable] = set()
 _LIVE_LOCK = threading.Lock()
 _ATEXIT_DONE = False
 _PREV_SIGTERM: object = None
@@ -29,7 +32,7 @@ def _close_all() -> None:
         tb.close()
 
 
-def register(tb: "Testbed") -> None:
+def register(tb: Closable) -> None:
     """Track a live testbed; the first one installs the atexit and SIGTERM hooks."""
     global _ATEXIT_DONE, _PREV_SIGTERM
     with _LIVE_LOCK:
@@ -45,7 +48,7 @@ def register(tb: "Testbed") -> None:
         _LIVE.add(tb)
 
 
-def unregister(tb: "Testbed") -> None:
+def unregister(tb: Closable) -> None:
     global _PREV_SIGTERM
     with _LIVE_LOCK:
         _LIVE.discard(tb)
