@@ -48,7 +48,7 @@ demo: setup
 	$(VENV)/bin/gradwire demo
 
 bench: setup
-	$(PY) benchmarks/compressor_cost.py --json-out benchmarks/results/compressor_cost.json
+	$(PY) -m benchmarks.compressor_cost --json-out benchmarks/results/compressor_cost.json
 
 clean:
 	rm -rf $(VENV) .gradwire

@@ -8,7 +8,7 @@ and the bytes each rank sent per step side by side. The jobs run through the rea
 runtime: ``workers.runner.run_local`` (the loop of ``gradwire train --no-ray``: DDP +
 GradientSync, two processes), or Ray Train with ``--ray``.
 
-    python benchmarks/accuracy.py --json-out benchmarks/results/accuracy.json
+    python -m benchmarks.accuracy --json-out benchmarks/results/accuracy.json
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.accuracy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
     parser.add_argument("--choices", nargs="+", default=list(CHOICES), choices=list(CHOICES))
     parser.add_argument("--steps", type=int, default=300, help="steps per run (~13 epochs of digits at 2x32)")
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(markdown)
     doc = {
         "benchmark": "accuracy",
-        "command": "python benchmarks/accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.accuracy " + " ".join(sys.argv[1:] if argv is None else argv),
         "runner": "ray_train" if args.ray else "run_local",
         "job": {"dataset": "digits", "workers": 2, "steps": args.steps, "batch_size_per_worker": args.batch_size,
                 "lr": args.lr, "lr_schedule": args.lr_schedule, "optimizer": "sgd", "momentum": 0.9,

@@ -14,7 +14,7 @@ is worth ``δ = 1 − ε²`` of an uncompressed step. The errors are measured, n
 backward of the real model (synthetic batch, CPU) gives a sample of gradient matrices, and
 ``compressors.quality.estimate_errors`` gives every candidate's error on it. The running
 error a compressor would show is that estimate times ``--running-over-estimate`` (capped at 1);
-the default is the ratio measured on this repository's CNN by ``benchmarks/adaptive.py``
+the default is the ratio measured on this repository's CNN by ``benchmarks.adaptive``
 (``--from-benchmark``), else 1.
 
 The target: uncompressed training's progress at 90 % of the steps it takes through the whole
@@ -22,9 +22,9 @@ trace. Every fixed candidate and the adaptive policy run until they reach it.
 
 Said plainly: a policy judged on its own cost and progress model proves that its decisions
 follow from that model (where it turns compression off, which rank), not a speedup. The
-measured judgement is ``benchmarks/adaptive.py``.
+measured judgement is ``benchmarks.adaptive``.
 
-    python benchmarks/adaptive_replay.py --json-out benchmarks/results/adaptive_replay.json
+    python -m benchmarks.adaptive_replay --json-out benchmarks/results/adaptive_replay.json
 """
 
 from __future__ import annotations
@@ -38,11 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.simulate import (  # noqa: E402
+from benchmarks.repo import REPO_ROOT
+from benchmarks.simulate import (
     GPU_COMPUTE,
     NETWORKS,
     bucket_segments,
@@ -50,10 +47,10 @@ from benchmarks.simulate import (  # noqa: E402
     layout_for,
     ready_fractions,
 )
-from planning.costmodel import Link, StepProfile, candidates, predict_step  # noqa: E402
-from planning.policy import Measurements, PolicyConfig, PolicyState, Switch, decide  # noqa: E402
-from planning.progress import contraction  # noqa: E402
-from planning.spec import CompressorSpec, make_spec  # noqa: E402
+from planning.costmodel import Link, StepProfile, candidates, predict_step
+from planning.policy import Measurements, PolicyConfig, PolicyState, Switch, decide
+from planning.progress import contraction
+from planning.spec import CompressorSpec, make_spec
 
 #: Gbit/s for seconds: 25 Gbit/s with two stretches at 1 Gbit/s.
 DEFAULT_TRACE = "25:300,1:120,25:300,1:120,25:300"
@@ -61,7 +58,7 @@ DEFAULT_TRACE = "25:300,1:120,25:300,1:120,25:300"
 ALLOWED = ("none", "acpsgd", "powersgd", "topk", "signsgd")
 METHOD_OF = {"none": "ssgd", "acpsgd": "acpsgd", "powersgd": "powersgd", "topk": "topk", "signsgd": "signsgd"}
 REPORT_EVERY_S = 2.0
-#: α per ring step for the trace's rates (NCCL over TCP on Ethernet, as simulate.py assumes).
+#: α per ring step for the trace's rates (NCCL over TCP on Ethernet, as benchmarks.simulate assumes).
 ALPHA_S = NETWORKS["10GbE"]["alpha_s"]
 
 
@@ -133,7 +130,7 @@ def measured_errors(model: str, specs: Sequence[CompressorSpec], batch: int = 2)
 
 def profile_for(model: str, shapes: Sequence[Sequence[int]], ready: Sequence[float] | None,
                 cost_json: Mapping[str, Any] | None, specs: Sequence[CompressorSpec]) -> StepProfile:
-    """simulate.py's paper-scale profile, with a GPU codec cost for every candidate label."""
+    """benchmarks.simulate's paper-scale profile, with a GPU codec cost for every candidate label."""
     gpu = GPU_COMPUTE[model]
     fractions = ready_fractions(ready)
     layout = layout_for(shapes, 25.0, ddp_default=True)
@@ -233,7 +230,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def markdown(doc: Mapping[str, Any]) -> str:
-    lines = [f"SIMULATION (cost model of benchmarks/simulate.py, progress model of planning.progress), "
+    lines = [f"SIMULATION (cost model of benchmarks.simulate, progress model of planning.progress), "
              f"trace `{doc['trace']}` (Gbit/s:seconds), running error = estimate × {doc['running_over_estimate']:g}.", "",
              "| model | workers | adaptive s | best fixed | best fixed s | adaptive / best | none s | adaptive's choices (at Gbit/s) |",
              "|---|---:|---:|---|---:|---:|---:|---|"]
@@ -247,7 +244,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
 
 
 def ratio_from_benchmark(path: Path) -> float | None:
-    """Median running/estimated error of the adaptive runs' lossy low-rank choices in adaptive.py's JSON."""
+    """Median running/estimated error of the adaptive runs' lossy low-rank choices in benchmarks.adaptive's JSON."""
     if not path.exists():
         return None
     doc = json.loads(path.read_text())
@@ -256,15 +253,15 @@ def ratio_from_benchmark(path: Path) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.adaptive_replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", default=DEFAULT_TRACE, help="GBIT:SECONDS,... (default %(default)s)")
     parser.add_argument("--models", nargs="+", default=list(GPU_COMPUTE))
     parser.add_argument("--workers", nargs="+", type=int, default=[8, 32, 64])
     parser.add_argument("--running-over-estimate", type=float, default=None,
                         help="running error / estimated error (default: measured by --from-benchmark, else 1)")
-    parser.add_argument("--from-benchmark", type=Path, default=ROOT / "benchmarks/results/adaptive_quick.json")
-    parser.add_argument("--paper-json", type=Path, default=ROOT / "benchmarks/results/paper.json")
-    parser.add_argument("--cost-json", type=Path, default=ROOT / "benchmarks/results/compressor_cost.json")
+    parser.add_argument("--from-benchmark", type=Path, default=REPO_ROOT / "benchmarks/results/adaptive_quick.json")
+    parser.add_argument("--paper-json", type=Path, default=REPO_ROOT / "benchmarks/results/paper.json")
+    parser.add_argument("--cost-json", type=Path, default=REPO_ROOT / "benchmarks/results/compressor_cost.json")
     parser.add_argument("--errors-from", type=Path, default=None,
                         help="reuse the measured errors of an earlier replay JSON (skips the backward passes)")
     parser.add_argument("--json-out", type=Path, default=None)

@@ -26,7 +26,7 @@ first ~50 steps run slower), and compares, for every (compressor, rate):
 
 The error is ``predicted / measured - 1``; the target is within 25 %.
 
-    python benchmarks/calibration.py --json-out benchmarks/results/calibration.json
+    python -m benchmarks.calibration --json-out benchmarks/results/calibration.json
 
 Needs root (network namespaces); every timed run holds ``/tmp/gradwire-bench.lock``.
 """
@@ -41,28 +41,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.adaptive import (  # noqa: E402
+from benchmarks.adaptive import (
     FIXED_CHOICES,
     JobRun,
     Phase,
-    bench_lock,
     boundaries,
-    foreign_load,
     parse_label,
     run_job,
     train_config,
-    wait_for_quiet,
     write_results,
 )
-from benchmarks.testbed import Testbed, measure_allreduce, tbf_burst_bytes  # noqa: E402
-from planning.controller import step_profile  # noqa: E402
-from planning.costmodel import alpha_beta_from_bandwidth, predict_step  # noqa: E402
-from planning.protocol import ModelProfile  # noqa: E402
-from planning.spec import make_spec  # noqa: E402
+from benchmarks.machine import bench_lock, foreign_load, wait_for_quiet
+from benchmarks.testbed import Testbed, measure_allreduce, tbf_burst_bytes
+from planning.controller import step_profile
+from planning.costmodel import alpha_beta_from_bandwidth, predict_step
+from planning.protocol import ModelProfile
+from planning.spec import make_spec
 
 DEFAULT_RATES = (1000.0, 200.0, 50.0)
 TARGET = 0.25
@@ -261,7 +255,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[float,
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.calibration", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES))
     parser.add_argument("--steps-per-rate", type=int, default=80, help=">= 60: the timer's 50-step window must fit")
     parser.add_argument("--warmup-steps", type=int, default=50, help="unmeasured steps at the first rate")

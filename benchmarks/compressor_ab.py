@@ -1,18 +1,20 @@
 """Encode+decode of this checkout's compressors against another checkout's, alternated every step.
 
-Why: on a shared machine two separate runs of ``compressor_cost.py`` differ by 10-30 % from
+Why: on a shared machine two separate runs of ``benchmarks.compressor_cost`` differ by 10-30 % from
 load alone (PyTorch's unchanged hook moved that much between runs here), far more than the
 few percent a change must be checked to. This runs both versions in ONE process on the same
 gradients, one step each per round (``compressor_cost.measure``), so machine noise hits both
 alike. The other checkout's ``compressors`` package is copied to a temporary directory as
 ``compressors_before`` (its imports rewritten), so both can be imported side by side.
 
-    python benchmarks/compressor_ab.py --before /work/main --steps 20 --json-out /tmp/ab.json
+    python -m benchmarks.compressor_ab --before /work/main --steps 20 --json-out /tmp/ab.json
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import re
 import shutil
@@ -20,12 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks import compressor_cost as cc  # noqa: E402
-from benchmarks.adaptive import foreign_load  # noqa: E402
-from workers.models import parameter_shapes  # noqa: E402
+from benchmarks import compressor_cost as cc
+from benchmarks.machine import foreign_load
+from workers.models import parameter_shapes
 
 
 def import_before(checkout: Path, into: Path):  # type: ignore[no-untyped-def]
@@ -35,15 +34,17 @@ def import_before(checkout: Path, into: Path):  # type: ignore[no-untyped-def]
     for path in target.glob("*.py"):
         text = re.sub(r"\b(from|import) compressors\b", r"\1 compressors_before", path.read_text())
         path.write_text(text)
-    sys.path.insert(0, str(into))
-    import compressors_before.base as base
-    import compressors_before.sync as sync
-
-    return base, sync
+    spec = importlib.util.spec_from_file_location("compressors_before", target / "__init__.py",
+                                                  submodule_search_locations=[str(target)])
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["compressors_before"] = package  # its modules import each other by this name
+    spec.loader.exec_module(package)
+    return importlib.import_module("compressors_before.base"), importlib.import_module("compressors_before.sync")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compressor_ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="the other checkout (its compressors/ is used)")
     parser.add_argument("--workloads", nargs="+", default=list(cc.WORKLOADS), choices=list(cc.WORKLOADS))
     parser.add_argument("--methods", nargs="+", default=list(cc.OUR_METHODS), choices=list(cc.OUR_METHODS))

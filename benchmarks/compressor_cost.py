@@ -7,7 +7,7 @@ every method runs through its real DDP communication hook on a one-process gloo 
 compression, orthogonalization, error feedback, decompression. Methods run round-robin,
 one step each per round, so machine noise hits all of them alike.
 
-:func:`powersgd_codecs` is the same measurement for ``benchmarks/paper.py``: our PowerSGD
+:func:`powersgd_codecs` is the same measurement for ``benchmarks.paper``: our PowerSGD
 in its 25 MB buckets beside PyTorch's hook in the ONE bucket it runs with there (on gloo),
 on any model's shapes. The layout matters: one bucket makes the hook's error feedback clone
 and subtract the whole gradient at once, 1.7-2.0× our codec instead of 1.0-1.2× in 25 MB
@@ -19,7 +19,7 @@ can be set against encode+decode (target: ≤ 3 %). ``--dtypes fp32 bf16`` also 
 method on bf16 gradients of the same shapes, in the same rounds (``acpsgd@bf16``): what
 keeping state and doing the QR in fp32 costs a 16-bit model.
 
-    python benchmarks/compressor_cost.py --json-out benchmarks/results/compressor_cost.json
+    python -m benchmarks.compressor_cost --json-out benchmarks/results/compressor_cost.json
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def make_workload(name: str, shapes: Sequence[tuple[int, ...]], rank: int, *,
                   bucket_cap_bytes: float = BUCKET_CAP_BYTES, first_bucket_bytes: float | None = DDP_FIRST_BUCKET_BYTES,
                   seed: int = 0, device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32) -> Workload:
     """Random gradients of ``shapes`` in DDP-like buckets of ``bucket_cap_bytes`` (the first
-    one ``first_bucket_bytes``: DDP's default 1 MiB; None when a job sets its cap, as paper.py),
+    one ``first_bucket_bytes``: DDP's default 1 MiB; None when a job sets its cap, as benchmarks.paper),
     on ``device``, in ``dtype``. Buckets are laid out as for fp32 (same buckets whatever the dtype)."""
     shapes = [tuple(int(d) for d in shape) for shape in shapes]
     generator = torch.Generator().manual_seed(seed)
@@ -279,7 +279,7 @@ def measure(cases: Mapping[str, Case], warmup: int, steps: int, label: str = "co
     return results
 
 
-#: PyTorch's hook in one bucket: the layout ``benchmarks/paper.py`` runs it with on gloo.
+#: PyTorch's hook in one bucket: the layout ``benchmarks.paper`` runs it with on gloo.
 ONE_BUCKET_BYTES = float("inf")
 
 
@@ -301,7 +301,7 @@ def powersgd_codecs(shapes: Sequence[tuple[int, ...]], rank: int, *, bucket_cap_
                     warmup: int = 3, steps: int = 6, label: str = "powersgd codecs") -> dict[str, dict[str, float]]:
     """Our PowerSGD in ``bucket_cap_bytes`` buckets beside PyTorch's hook in one bucket.
 
-    Why: ``benchmarks/paper.py`` cannot time the hook's codec apart from its collectives
+    Why: ``benchmarks.paper`` cannot time the hook's codec apart from its collectives
     (both run inside one future chain), so the simulator takes the hook's codec as our
     measured one × this ratio, measured in the layouts the runs use. Needs a process group.
     """
@@ -364,7 +364,7 @@ def print_table(results: dict[str, dict[str, dict[str, float]]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compressor_cost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json-out", type=Path, help="write results as JSON here")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--methods", nargs="+", default=list(OUR_METHODS + TORCH_METHODS))

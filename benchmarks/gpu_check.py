@@ -4,7 +4,7 @@ Why a separate script: GPU machines are lent to some sessions only, for minutes;
 one prepared run (under 5 minutes on one GPU) that measures what the CPU benchmarks cannot --
 the codec kernels on the device and how a step's time splits between the phases there:
 
-1. ``codecs``: ``benchmarks/compressor_cost.py``'s measurement (random gradients of the
+1. ``codecs``: ``benchmarks.compressor_cost``'s measurement (random gradients of the
    paper's ResNet-50 and BERT-Base shapes in 25 MB buckets, every hook on a one-process NCCL
    group, round-robin, each step timed to the device's completion);
 2. ``steps``: ResNet-50 (batch 64, 224 px, rank 4) and BERT-Base (batch 32, seq 64, rank 32)
@@ -12,7 +12,7 @@ the codec kernels on the device and how a step's time splits between the phases 
    compressor's DDP hook (world size 1: the collectives are local, so the codec and the
    bucket hand-offs are what differs), phases timed with CUDA events (``workers.timing``).
 
-    python benchmarks/gpu_check.py --json-out benchmarks/results/gpu_check.json
+    python -m benchmarks.gpu_check --json-out benchmarks/results/gpu_check.json
 
 ``--device cpu`` with small ``--batch``/``--image-size`` runs the same code on the CPU (the
 test suite does, so the script cannot rot between GPU sessions).
@@ -28,17 +28,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from benchmarks.compressor_cost import OUR_METHODS, measure_workloads, method_params, single_process_group  # noqa: E402
-from compressors import GradientSync  # noqa: E402
-from compressors.base import from_spec  # noqa: E402
-from planning.protocol import ALL_PHASES  # noqa: E402
-from planning.spec import make_spec  # noqa: E402
+from benchmarks.compressor_cost import OUR_METHODS, measure_workloads, method_params, single_process_group
+from benchmarks.repo import REPO_ROOT
+from compressors import GradientSync
+from compressors.base import from_spec
+from planning.protocol import ALL_PHASES
+from planning.spec import make_spec
 
 #: The paper's settings per model: batch, input size, PowerSGD/ACP-SGD rank.
 STEP_MODELS: dict[str, dict[str, int]] = {
@@ -105,7 +102,7 @@ def write_markdown(path: Path, doc: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (a smoke run of the same code)")
     parser.add_argument("--models", nargs="+", default=list(STEP_MODELS), choices=list(STEP_MODELS))
@@ -117,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--codec-workloads", nargs="*", default=list(STEP_MODELS), choices=list(STEP_MODELS),
                         help="workloads of the codec measurement (none: skip it)")
     parser.add_argument("--codec-steps", type=int, default=6, help="timed rounds of the codec measurement (even)")
-    parser.add_argument("--json-out", type=Path, default=ROOT / "benchmarks/results/gpu_check.json")
+    parser.add_argument("--json-out", type=Path, default=REPO_ROOT / "benchmarks/results/gpu_check.json")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -128,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--codec-steps must be even: ACP-SGD alternates P and Q steps")
     started = time.monotonic()
     doc: dict[str, Any] = {"device_name": device_name(device), "torch": torch.__version__,
-                           "command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+                           "command": "python -m benchmarks.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:])}
     with single_process_group(device):
         print(f"codecs on {doc['device_name']}", flush=True)
         doc["codecs"] = measure_workloads(args.codec_workloads, list(OUR_METHODS) + ["torch_powersgd"], 3,

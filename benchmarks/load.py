@@ -15,7 +15,7 @@ the reports acknowledged, ``step`` the last step sent, the Prometheus ``step_sec
 count (read before stopping) the reports acknowledged, and no history row may be there twice.
 
     python -m benchmarks.load                      # the default campaign (about 2 minutes)
-    python benchmarks/load.py --rates 500 1000 --jobs 10 --seconds 10 --json-out out.json
+    python -m benchmarks.load --rates 500 1000 --jobs 10 --seconds 10 --json-out out.json
 """
 
 from __future__ import annotations
@@ -35,14 +35,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
+import httpx
 
-import httpx  # noqa: E402
-
-from benchmarks.adaptive import _busy_ticks  # noqa: E402
-from coordinator.raylocal import free_port  # noqa: E402
+from benchmarks.machine import machine_busy_s
+from benchmarks.repo import REPO_ROOT
+from coordinator.raylocal import free_port
 
 #: The target of issue 17: this many reports per second with p99 below TARGET_P99_MS.
 TARGET_RATE = 1000
@@ -67,14 +64,14 @@ class CpuAccount:
 
     def __enter__(self) -> "CpuAccount":
         self._t = time.monotonic()
-        self._busy = _busy_ticks() / os.sysconf("SC_CLK_TCK")
+        self._busy = machine_busy_s()
         self._server = _cpu_seconds(self.server_pid)
         self._self = time.process_time()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         wall = max(1e-9, time.monotonic() - self._t)
-        busy = _busy_ticks() / os.sysconf("SC_CLK_TCK") - self._busy
+        busy = machine_busy_s() - self._busy
         server = _cpu_seconds(self.server_pid) - self._server
         own = time.process_time() - self._self
         self.server_cores = round(server / wall, 2)
@@ -126,7 +123,7 @@ class PhaseResult:
 class Coordinator:
     """``python -m coordinator.cli serve`` on a free port with a fresh data dir."""
 
-    def __init__(self, data_dir: Path, extra_env: dict[str, str], root: Path = ROOT) -> None:
+    def __init__(self, data_dir: Path, extra_env: dict[str, str], root: Path = REPO_ROOT) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
@@ -321,7 +318,7 @@ def _campaign(servers: dict[str, Coordinator], rates: list[float], job_counts: l
 
 def run(rates: list[float], job_counts: list[int], seconds: float, sse_clients: int,
         extra_env: dict[str, str], baseline: Path | None = None) -> dict[str, Any]:
-    roots = {"this tree": ROOT, **({"baseline": baseline} if baseline else {})}
+    roots = {"this tree": REPO_ROOT, **({"baseline": baseline} if baseline else {})}
     with tempfile.TemporaryDirectory(prefix="gradwire-load-") as tmp:
         servers: dict[str, Coordinator] = {}
         consistency: dict[str, Any] = {}
@@ -356,7 +353,7 @@ def _line(r: PhaseResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[250, 500, 1000, 1250],
                         help="target reports per second, one phase each")
     parser.add_argument("--jobs", type=int, nargs="+", default=[10, 50], help="jobs reporting at once")

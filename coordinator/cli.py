@@ -172,7 +172,7 @@ def demo(
     steps: int = typer.Option(150, min=10, max=100_000, help="training steps of the demo job"),
     network: bool = typer.Option(
         False, "--network", help="run on an emulated 2-node Ray cluster whose link drops and recovers "
-        "(needs root and `ip netns`; benchmarks/cluster.py of a source checkout)"),
+        "(needs root and `ip netns`; benchmarks.cluster of a source checkout)"),
 ) -> None:
     """Start everything locally, run a small adaptive-compression job, show it live, clean up.
 
@@ -199,13 +199,13 @@ def demo(
 
 
 def _network_demo(keep: bool) -> int:
-    """``benchmarks/cluster.py demo`` of this source tree, in a process of its own (it needs
+    """``python -m benchmarks.cluster demo`` of this source tree, in a process of its own (it needs
     root and namespaces, and the coordinator package must not depend on the benchmarks)."""
     import subprocess
 
     repo = Path(__file__).resolve().parents[1]
-    if not (repo / "benchmarks" / "cluster.py").exists():
-        raise _fail(f"--network needs a source checkout of gradwire (no benchmarks/cluster.py under {repo})")
+    if not (repo / "benchmarks" / "cluster" / "__main__.py").exists():
+        raise _fail(f"--network needs a source checkout of gradwire (no benchmarks/cluster/ under {repo})")
     cmd = [sys.executable, "-m", "benchmarks.cluster", "demo", *(["--keep"] if keep else [])]
     proc = subprocess.Popen(cmd, cwd=repo)
     while True:

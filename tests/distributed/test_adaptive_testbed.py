@@ -10,20 +10,16 @@ same step.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.adaptive import JobRun, Phase, run_job, wait_for_quiet  # noqa: E402
-from benchmarks.testbed import Testbed  # noqa: E402
-from planning.protocol import TrainConfig  # noqa: E402
-from workers.runner import rank_records  # noqa: E402
+from benchmarks.adaptive import JobRun, Phase, run_job
+from benchmarks.machine import wait_for_quiet
+from benchmarks.testbed import Testbed
+from planning.protocol import TrainConfig
+from workers.runner import rank_records
 
 COMPRESSING = ("acpsgd", "powersgd", "topk", "signsgd")
 FAST, SLOW = Phase(mbit=1000, steps=25), Phase(mbit=20, steps=35)

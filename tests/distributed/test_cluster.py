@@ -1,4 +1,4 @@
-"""The emulated multi-node Ray cluster and gradwire's whole loop on it (``benchmarks/cluster.py``).
+"""The emulated multi-node Ray cluster and gradwire's whole loop on it (``benchmarks.cluster``).
 
 Real parts only: network namespaces joined by ``tc``-shaped veths, a Ray head and a Ray
 worker node (one CPU each, one Ray Train worker on each), ``gradwire serve`` beside the
@@ -20,13 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
+from benchmarks import cluster as cl
+from benchmarks.adaptive import parse_schedule
+from benchmarks.machine import wait_for_quiet
+from benchmarks.testbed import list_namespaces
+from coordinator import raylocal
 
-from benchmarks import cluster as cl  # noqa: E402
-from benchmarks.adaptive import parse_schedule, wait_for_quiet  # noqa: E402
-from benchmarks.testbed import list_namespaces  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow]
 
@@ -64,7 +64,7 @@ def nothing(found: dict[str, list[str]]) -> bool:
 
 def ray_nodes(cluster: cl.Cluster) -> int:
     """Alive Ray nodes, as the head's GCS reports them (`ray status` inside node 0)."""
-    out = subprocess.run(["ip", "netns", "exec", cluster.namespace(0), cl.raylocal._ray_executable(), "status",
+    out = subprocess.run(["ip", "netns", "exec", cluster.namespace(0), raylocal._ray_executable(), "status",
                           f"--address={cluster.ray_address}"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "RAY_AUTH_MODE": "token"}).stdout
     active = out.split("Active:", 1)[1].split("Pending:", 1)[0]

@@ -11,13 +11,10 @@ from pathlib import Path
 import pytest
 from harness import run_ranks
 
+from benchmarks.testbed import Testbed, worker_env
 from workers.probe import LinkEstimate, probe_link
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.testbed import Testbed, worker_env  # noqa: E402
 
 LINK_MBIT = 200.0
 

@@ -11,17 +11,15 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.testbed import (  # noqa: E402
+from benchmarks.testbed import (
     Testbed,
     cleanup_stale,
     list_namespaces,
     measure_allreduce,
     run_schedule,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -132,14 +130,13 @@ def test_cleanup_after_an_exception_inside_the_with_block() -> None:
 
 def test_cleanup_on_sigterm() -> None:
     script = (
-        "import sys, time\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "import time\n"
         "from benchmarks.testbed import Testbed\n"
         "with Testbed(hosts=2, mbit=100) as tb:\n"
         "    print(tb.namespace(0), tb.namespace(1), flush=True)\n"
         "    time.sleep(60)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     names = proc.stdout.readline().split()
     assert len(names) == 2 and set(names) <= set(list_namespaces())
     os.kill(proc.pid, signal.SIGTERM)

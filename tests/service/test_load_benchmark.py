@@ -1,5 +1,5 @@
-"""benchmarks/load.py keeps working: a short run against a real `gradwire serve` process, both
-ways it is started, with the store found consistent afterwards (no figures asserted)."""
+"""``python -m benchmarks.load`` keeps working: a short run against a real `gradwire serve` process,
+with the store found consistent afterwards (no figures asserted)."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ from support.servers import REPO_ROOT
 
 def test_the_load_benchmark_runs_and_checks_the_store(tmp_path):
     out = tmp_path / "load.json"
-    for command in (["-m", "benchmarks.load"], ["benchmarks/load.py"]):
+    for command in (["-m", "benchmarks.load"],):
         result = subprocess.run([sys.executable, *command, "--rates", "40", "--jobs", "2", "--seconds", "1",
                                  "--sse-clients", "1", "--json-out", str(out)],
                                 cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)

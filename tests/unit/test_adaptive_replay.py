@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import adaptive_replay as replay  # noqa: E402
-from planning.costmodel import ElementCost, StepProfile, candidates  # noqa: E402
-from planning.policy import PolicyConfig  # noqa: E402
-from planning.spec import make_spec  # noqa: E402
+from benchmarks import adaptive_replay as replay
+from planning.costmodel import ElementCost, StepProfile, candidates
+from planning.policy import PolicyConfig
+from planning.spec import make_spec
 
 SHAPES = [(1024, 1024), (1024,)] * 4 + [(1000, 1024), (1000,)]
 PROFILE = StepProfile.build(SHAPES, forward_s=0.03, backward_s=0.06, optimizer_s=0.004,

@@ -3,14 +3,7 @@ that shares another's job builder fails here, not after minutes of measuring."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import adaptive, calibration  # noqa: E402
+from benchmarks import adaptive, calibration
 
 
 def test_the_calibration_defaults_build_a_job_that_probes_once() -> None:

@@ -1,4 +1,4 @@
-"""benchmarks/compressor_cost.py: the isolated codec measurement paper.py's simulator input rests on.
+"""benchmarks.compressor_cost: the isolated codec measurement paper.py's simulator input rests on.
 
 Real hooks on a real one-process gloo group, on small shapes (a second or two).
 """
@@ -6,18 +6,12 @@ Real hooks on a real one-process gloo group, on small shapes (a second or two).
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.compressor_cost import ONE_BUCKET_BYTES, make_workload, powersgd_codecs, single_process_group  # noqa: E402
-from planning.spec import make_spec  # noqa: E402
-from planning.wire import wire_bytes  # noqa: E402
+from benchmarks.compressor_cost import ONE_BUCKET_BYTES, make_workload, powersgd_codecs, single_process_group
+from planning.spec import make_spec
+from planning.wire import wire_bytes
 
 SHAPES = [(256, 128), (256,), (64, 32, 3, 3), (64,), (512, 256), (10, 512)]
 RANK = 4

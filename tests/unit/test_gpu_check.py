@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py, the prepared GPU run, on the CPU: the same code path, small inputs.
+"""benchmarks.gpu_check, the prepared GPU run, on the CPU: the same code path, small inputs.
 
 GPU machines are lent to few sessions, for minutes; this keeps the script working between
 them. Real model, real DDP hooks on a one-process gloo group, a few steps (seconds).
@@ -8,20 +8,15 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import gpu_check  # noqa: E402
-from planning.protocol import ALL_PHASES  # noqa: E402
-from planning.spec import make_spec  # noqa: E402
-from planning.wire import wire_bytes  # noqa: E402
-from workers.models import default_num_classes, parameter_shapes  # noqa: E402
+from benchmarks import gpu_check
+from planning.protocol import ALL_PHASES
+from planning.spec import make_spec
+from planning.wire import wire_bytes
+from workers.models import default_num_classes, parameter_shapes
 
 
 def test_a_cpu_run_times_every_phase_and_sends_each_compressors_bytes(tmp_path: Path) -> None:

@@ -1,18 +1,12 @@
-"""benchmarks/paper.py's acceptance checks on synthetic result rows (no runs)."""
+"""benchmarks.paper's acceptance checks on synthetic result rows (no runs)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.paper import acceptance  # noqa: E402
+from benchmarks.paper import acceptance
 
 LINK = {"alpha_s": 1e-4, "beta_s_per_byte": 8 / 100e6}  # 100 Mbit/s
 CALIBRATION = {"resnet50/2": {"compute_s": 0.2, "backward_s": 0.13}}
@@ -49,7 +43,7 @@ def test_c_is_judged_on_the_fastest_fused_buffer_of_the_sweep() -> None:
 def test_torch_hook_codec_estimate_uses_the_ratio_measured_in_its_own_layout() -> None:
     """Our PowerSGD's codec in the runs × the torch/ours ratio measured apart for that model;
     compressor_cost.json's ratio only where a model has no measurement of its own."""
-    from benchmarks.paper import _add_codec_estimates
+    from benchmarks.paper import add_codec_estimates
 
     def psgd(codec_s: float, *, workers: int = 2, cap: float = 25.0, pipelining: bool = True) -> dict[str, Any]:
         return {"model": "resnet152", "method": "powersgd", "workers": workers, "rank": 4, "codec_s": codec_s,
@@ -67,9 +61,9 @@ def test_torch_hook_codec_estimate_uses_the_ratio_measured_in_its_own_layout() -
     cost = {"resnet50": {"powersgd": {"encode_decode_s": 1.0}, "torch_powersgd": {"encode_decode_s": 1.2}}}
     measured = rows()
     isolated = {"resnet152": {"powersgd_s": 0.2, "torch_powersgd_s": 0.36, "bucket_cap_mb": 25.0}}
-    _add_codec_estimates(measured, isolated, cost)
+    add_codec_estimates(measured, isolated, cost)
     assert measured[2]["codec_estimate_s"] == pytest.approx(0.25 * 1.8)
     assert measured[0]["codec_estimate_s"] == 0.2  # our own rows keep their measured codec
     fallback = rows()
-    _add_codec_estimates(fallback, {}, cost)
+    add_codec_estimates(fallback, {}, cost)
     assert fallback[2]["codec_estimate_s"] == pytest.approx(0.25 * 1.2)

@@ -1,20 +1,13 @@
-"""The scale simulator (benchmarks/simulate.py): its predictions behave as physics says they must.
+"""The scale simulator (benchmarks.simulate): its predictions behave as physics says they must.
 
 Fast: shapes come from the meta device, predictions are pure Python.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.simulate import (  # noqa: E402
+from benchmarks.simulate import (
     GPU_COMPUTE,
     METHODS,
     NETWORKS,
@@ -27,8 +20,8 @@ from benchmarks.simulate import (  # noqa: E402
     speedups,
     validate,
 )
-from planning.costmodel import CodecCost, Link  # noqa: E402
-from workers.models import parameter_shapes  # noqa: E402
+from planning.costmodel import CodecCost, Link
+from workers.models import parameter_shapes
 
 SHAPES = {model: parameter_shapes(model) for model in GPU_COMPUTE}
 # A measured-looking ready profile: the first parameters (last to get gradients) are ready last.

@@ -1,0 +1,68 @@
+"""The adaptive policy against every fixed compressor, judged by time to a target held-out loss.
+
+Why: what a user wants from adaptive compression is the shortest time to a given model
+quality on a network they do not know in advance, without tuning a rank per model. This
+benchmark runs the same two-worker job (one worker per network namespace of
+:mod:`benchmarks.testbed`: local processes, not a Ray cluster) once with each fixed
+compressor and once with the adaptive policy at its DEFAULT bounds (every compressor, ranks
+1..64; rank 0's in-process policy, no coordinator), in each scenario of :data:`SCENARIOS`:
+steady fast (1000 Mbit/s), steady slow (50 Mbit/s), fast->slow->fast, and oscillating with
+a period near the policy's dwell.
+
+The job: the small CNN (0.15 M parameters, 0.6 MB of gradients) at batch 32 on 32x32
+synthetic images, 0.25 MB DDP buckets, 300 steps, the same seed for every run.
+
+Judged by time to target. Every run checkpoints every :data:`EVAL_EVERY` steps (the same
+cost for every run); after the run each checkpoint's model is evaluated on the first 512 held-out
+samples, outside the timed run. The scenario's target is the held-out loss uncompressed
+training (``none``) reaches at 90 % of its steps; a run's ``time_to_target_s`` is the wall
+time of its first evaluation at or below it (null: never). Wall times come from rank 0's
+telemetry, from the end of step 1 (start-up, model build and the first probe left out;
+later probes, the quality signal, the policy and the checkpoints are in, for every run alike).
+
+Fixed steps, not fixed time: each phase of a schedule is a number of training steps; the
+driver follows rank 0's telemetry and changes the rate when a report shows the phase's last
+step done, so every run does the same work under each rate.
+
+The machine is shared: every run records the cores other processes kept busy meanwhile
+(``foreign_cores``) and is repeated once when that exceeded :data:`BUSY_CORES`; the run with
+the least foreign load is kept (``foreign_cores_runs`` lists every attempt's).
+
+JSON (``--json-out``)::
+
+    {"scenarios": {"<name>": {"target": x, "schedule": [...], "verdict": {...},
+        "runs": {"<label>": {"time_to_target_s": t or null, "total_s": t, "final_eval": x,
+                              "eval": [[step, wall_s, x], ...], "switches": [...], ...}}}},
+     "verdict": {"worst_ratio_to_best_fixed": {...}}, "job": {...}}
+
+    python -m benchmarks.adaptive --json-out benchmarks/results/adaptive.json          # every scenario
+    python -m benchmarks.adaptive --quick --json-out benchmarks/results/adaptive_quick.json  # fast-slow-fast only
+
+Needs root (network namespaces); every timed run holds ``/tmp/gradwire-bench.lock``.
+
+Modules: :mod:`.scenarios` (scenarios, schedules, the shared job), :mod:`.jobs` (one job on the
+testbed, the ranks' entry, held-out evaluation), :mod:`.results` (times to target, verdicts),
+:mod:`.report` (plot, markdown), :mod:`.cli` (the command); the names below are the package's
+public interface. The lock, the quiet-wait and the foreign load are :mod:`benchmarks.machine`'s.
+"""
+
+from benchmarks.adaptive.cli import compression_of, parse_args, write_results
+from benchmarks.adaptive.jobs import HeldOut, JobRun, cap_gso, run_job
+from benchmarks.adaptive.results import target_of, time_to_target
+from benchmarks.adaptive.scenarios import (
+    ADAPTIVE,
+    FIXED_CHOICES,
+    SCENARIOS,
+    Phase,
+    boundaries,
+    fixed_compression,
+    parse_label,
+    parse_schedule,
+    train_config,
+)
+
+__all__ = [
+    "ADAPTIVE", "FIXED_CHOICES", "SCENARIOS", "HeldOut", "JobRun", "Phase", "boundaries", "cap_gso", "compression_of",
+    "fixed_compression", "parse_args", "parse_label", "parse_schedule", "run_job", "target_of", "time_to_target",
+    "train_config", "write_results",
+]

@@ -1,0 +1,72 @@
+"""The benchmark's outputs: the plot and the markdown table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.adaptive.scenarios import ADAPTIVE
+
+# --------------------------------------------------------------------------- outputs
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """Held-out loss against wall time per run, one panel per scenario, link rate shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(doc["scenarios"])
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 4.2 * len(names)), squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        scenario = doc["scenarios"][name]
+        rate_ax = ax.twinx()
+        shade = scenario["runs"].get(ADAPTIVE) or scenario["runs"]["none"]
+        xs, ys = [0.0], [scenario["schedule"][0]["mbit"]]
+        for wall, mbit in shade.get("rate_changes_s", []):
+            xs += [wall, wall]
+            ys += [ys[-1], mbit]
+        xs.append(shade["total_s"])
+        ys.append(ys[-1])
+        rate_ax.fill_between(xs, ys, color="tab:blue", alpha=0.08)
+        rate_ax.set_ylim(0, max(p["mbit"] for p in scenario["schedule"]) * 1.15)
+        rate_ax.set_ylabel("link rate (Mbit/s), adaptive run")
+        for label, run in scenario["runs"].items():
+            style = {"lw": 2.4, "color": "black", "zorder": 5} if label == ADAPTIVE else {"lw": 1.0, "alpha": 0.85}
+            ax.plot([e[1] for e in run["eval"]], [e[2] for e in run["eval"]], label=label, **style)
+        ax.axhline(scenario["target"], color="red", ls=":", lw=1, label="target")
+        ax.set_title(f"{name}: held-out loss vs wall time (2 workers, emulated link)")
+        ax.set_xlabel("wall time since step 1 (s)")
+        ax.set_ylabel("held-out loss")
+        ax.legend(loc="upper right", fontsize=8, ncol=3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """One table per scenario, then each run's worst ratio across scenarios."""
+    out = []
+    for name, scenario in doc["scenarios"].items():
+        v = scenario["verdict"]
+        out += [(f"**{name}** (`{scenario['schedule_text']}`; target held-out loss {scenario['target']:.4f}, "
+                 f"best fixed: {v['best_fixed']})"), "",
+                "| run | time to target s | ratio to best fixed | total s | final held-out | vs none | foreign cores | switches |",
+                "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for label, r in scenario["runs"].items():
+            ttt = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
+            ratio = v["ratio_to_best"][label]
+            moves = ", ".join(f"{s['to']} @ {s['at_s']:.1f} s" for s in r["switches"]) or "-"
+            out.append(f"| {label} | {ttt} | {'-' if ratio is None else f'{ratio:.3f}'} | {r['total_s']:.2f} | "
+                       f"{r['final_eval']:.4f} | {v['final_eval_vs_none'][label]:+.1%} | {r['foreign_cores']} | {moves} |")
+        out.append("")
+    worst = doc["verdict"]["worst_ratio_to_best_fixed"]
+    out += ["**Worst ratio to the best fixed choice across scenarios** (- : missed a target)", "",
+            "| run | worst ratio |", "|---|---:|"]
+    out += [f"| {label} | {'-' if r is None else f'{r:.3f}'} |" for label, r in worst.items()]
+    return "\n".join(out) + "\n"
+
+

@@ -1,0 +1,143 @@
+"""What a run and a scenario come to: switches, bandwidth by phase, time to the target loss, verdicts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from benchmarks.adaptive.jobs import JobRun
+from benchmarks.adaptive.scenarios import ADAPTIVE, EVAL_EVERY, Phase, boundaries
+
+# --------------------------------------------------------------------------- results of a run
+
+
+def switches(run: JobRun) -> list[dict[str, Any]]:
+    """Compressor changes, timed like ``total_s`` (seconds since the report of step 1)."""
+    origin = run.wall_at(1)
+    out = []
+    for switch in run.summary.get("switches", []):
+        step = int(switch["step"])
+        out.append({"at_s": round(run.wall_at(step) - origin, 3), "step": step, "to": switch["to"],
+                    "reason": switch.get("reason", "")})
+    return out
+
+
+def bandwidth_by_phase(run: JobRun, phases: Sequence[Phase]) -> list[float | None]:
+    """Median telemetry bandwidth (Mbit/s) over the second half of each phase: does it track?"""
+    out: list[float | None] = []
+    start = 1
+    for end in boundaries(phases):
+        middle = (start + end) // 2
+        values = sorted(r["bandwidth_bytes_per_second"] * 8e-6 for r in run.reports
+                        if middle <= r["step"] <= end and r.get("bandwidth_bytes_per_second"))
+        out.append(round(values[len(values) // 2], 1) if values else None)
+        start = end
+    return out
+
+
+def eval_points(run: JobRun, curve: Sequence[tuple[int, float]]) -> list[list[float]]:
+    """``[[step, wall_s, held-out loss], ...]``; wall_s from the report of step 1, like total_s."""
+    origin = run.wall_at(1)
+    return [[step, round(run.wall_at(step) - origin, 3), round(loss, 5)] for step, loss in curve]
+
+
+def time_to_target(evals: Sequence[Sequence[float]], target: float) -> float | None:
+    """Wall time of the first evaluation at or below ``target`` (None: never reached)."""
+    for _, wall, loss in evals:
+        if loss <= target:
+            return wall
+    return None
+
+
+def running_over_estimate(reports: Sequence[dict[str, Any]]) -> list[float]:
+    """Per report of a low-rank choice: its running error over its own estimate (the raw
+    gradient's best rank-r error). What error feedback and a warm start cost beyond the best case;
+    ``benchmarks.adaptive_replay`` takes the median as its default."""
+    out = []
+    for report in reports:
+        label, error = step_label(report), report.get("compression_error")
+        estimate = (report.get("compression_error_estimates") or {}).get(label)
+        if report.get("rank") and error is not None and estimate and estimate > 0.05:
+            out.append(round(error / estimate, 3))
+    return out
+
+
+def step_label(report: dict[str, Any]) -> str:
+    """Telemetry's compressor as a label (``acpsgd-r4``)."""
+    name = report.get("compressor") or "?"
+    if report.get("rank"):
+        return f"{name}-r{report['rank']}"
+    if report.get("ratio"):
+        return f"{name}-{report['ratio']:g}"
+    return name
+
+
+def run_result(run: JobRun, phases: Sequence[Phase], curve: Sequence[tuple[int, float]]) -> dict[str, Any]:
+    """One run's JSON entry, without the target (set once uncompressed training has run)."""
+    evals = eval_points(run, curve)
+    errors = [r["compression_error"] for r in run.reports if r.get("compression_error") is not None]
+    return {
+        "time_to_target_s": None,
+        "total_s": round(run.wall_at(sum(p.steps for p in phases)) - run.wall_at(1), 3),
+        "final_eval": evals[-1][2],
+        "eval": evals,
+        "switches": switches(run),
+        "foreign_cores": run.foreign_cores,
+        "bandwidth_mbit": bandwidth_by_phase(run, phases),
+        "compression_error_median": round(sorted(errors)[len(errors) // 2], 4) if errors else None,
+        "quality_overhead": run.summary.get("quality_overhead"),
+        "error_ratios": _median_only(running_over_estimate(run.reports)),
+        "final_loss": run.summary["final_loss"],
+    }
+
+
+def _median_only(values: list[float]) -> list[float]:
+    return [sorted(values)[len(values) // 2]] if values else []
+
+
+def is_adaptive(label: str) -> bool:
+    return label.startswith(ADAPTIVE)
+
+
+def target_of(runs: dict[str, dict[str, Any]], phases: Sequence[Phase]) -> float:
+    """The held-out loss uncompressed training reaches at 90 % of its steps in this scenario."""
+    at = round(0.9 * sum(p.steps for p in phases))
+    points = {int(step): loss for step, _, loss in runs["none"]["eval"]}
+    if at not in points:
+        raise ValueError(f"no evaluation at step {at}: evaluate every {EVAL_EVERY} steps, a divisor of it")
+    return points[at]
+
+
+def scenario_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Adaptive against the best fixed choice (by time to target) and against uncompressed."""
+    def ttt(label: str) -> float:
+        value = runs[label]["time_to_target_s"]
+        return math.inf if value is None else value
+
+    fixed = [label for label in runs if not is_adaptive(label)]
+    best = min(fixed, key=ttt)
+    out: dict[str, Any] = {"best_fixed": best, "best_fixed_time_to_target_s": runs[best]["time_to_target_s"],
+                           "ratio_to_best": {label: _ratio(ttt(label), ttt(best)) for label in runs}}
+    if ADAPTIVE in runs:
+        out["adaptive_final_eval_vs_none"] = round(runs[ADAPTIVE]["final_eval"] / runs["none"]["final_eval"] - 1, 4)
+    out["final_eval_vs_none"] = {label: round(r["final_eval"] / runs["none"]["final_eval"] - 1, 4) for label, r in runs.items()}
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return None if not (math.isfinite(a) and math.isfinite(b)) or b <= 0 else round(a / b, 3)
+
+
+def overall_verdict(doc: dict[str, Any]) -> dict[str, Any]:
+    """Each run's worst ratio to the scenario's best fixed choice (None: missed a target)."""
+    worst: dict[str, float | None] = {}
+    for scenario in doc["scenarios"].values():
+        for label, ratio in scenario["verdict"]["ratio_to_best"].items():
+            if label not in worst:
+                worst[label] = ratio
+            elif worst[label] is not None:
+                worst[label] = None if ratio is None else max(worst[label], ratio)  # type: ignore[type-var]
+    return {"worst_ratio_to_best_fixed": worst}
+
+
