@@ -49,7 +49,7 @@ from workers.control import (
     SwitchAgreement,
     TelemetrySink,
 )
-from workers.data import InfiniteLoader, batches_per_epoch, make_loader
+from workers.loaders import InfiniteLoader, batches_per_epoch, make_loader
 from workers.probe import (
     DEFAULT_SIZES,
     PROBE_STOP_FACTOR,
