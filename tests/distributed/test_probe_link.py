@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from harness import run_ranks
 
-from workers.probe import LinkEstimate, probe_link
+from workers.link_estimate import LinkEstimate
+from workers.probe import probe_link
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
