@@ -49,7 +49,8 @@ def step_breakdown(model_name: str, compressor: str, device: torch.device, *, ba
     """Mean seconds per phase of ``steps`` training steps after ``warmup``, one compressor."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from workers.data import InfiniteLoader, build_dataset
+    from workers.data import build_dataset
+    from workers.loaders import InfiniteLoader
     from workers.loop import train_step
     from workers.models import build_model, default_num_classes
     from workers.timing import StepTimer

@@ -17,6 +17,7 @@ from coordinator.auth import new_job_token, token_matches
 from coordinator.decisions import DecisionLoop
 from coordinator.launcher import Launcher, RayUnavailable
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.records import JobRecord
 from coordinator.schemas import (
     AdaptivePolicy,
     JobHistory,
@@ -27,7 +28,7 @@ from coordinator.schemas import (
     WorkerGroupEvent,
 )
 from coordinator.settings import Settings
-from coordinator.store import InvalidTransition, JobRecord, Store
+from coordinator.store import InvalidTransition, Store
 from planning.decision import Decision
 from planning.protocol import PHASES, Telemetry
 

@@ -5,44 +5,34 @@ SQLite under ``<data_dir>`` by default; any SQLAlchemy URL works. Every public w
 one transaction, so a crash or a refused input never leaves a half-written job behind. Callers
 validate before they write (see :mod:`coordinator.schemas`); this module trusts its arguments.
 Rows leave this module as pydantic read models or :class:`JobRecord`, never as ORM objects.
+
+The tables are in :mod:`coordinator.tables`, the engine in :mod:`coordinator.database`, the
+record types in :mod:`coordinator.records`; this module is the transactions and the caches.
 """
 
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any, Iterator
 
-from sqlalchemy import (
-    JSON,
-    Float,
-    ForeignKey,
-    Integer,
-    String,
-    UniqueConstraint,
-    bindparam,
-    create_engine,
-    delete,
-    event,
-    func,
-    select,
-)
-from sqlalchemy.engine import Engine
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Session
 
+from coordinator.database import is_storage_fault, make_engine
+from coordinator.records import JobRecord, StoredEvent
 from coordinator.schemas import (
     TERMINAL_STATES,
     DecisionRecord,
     JobSpec,
-    JobStatus,
     TelemetryPoint,
     Transition,
     WorkerGroupEvent,
 )
-from planning.protocol import PHASES, ModelProfile
+from coordinator.tables import Base, DecisionRow, EventRow, JobRow, TelemetryRow
+from planning.protocol import ModelProfile
 
 # Which state may follow which. Anything else is a bug or a race we refuse to record.
 ALLOWED_TRANSITIONS: dict[str | None, frozenset[str]] = {
@@ -50,87 +40,6 @@ ALLOWED_TRANSITIONS: dict[str | None, frozenset[str]] = {
     "queued": frozenset({"running", "failed", "cancelled"}),
     "running": frozenset({"succeeded", "failed", "cancelled"}),
 }
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class JobRow(Base):
-    __tablename__ = "jobs"
-
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    name: Mapped[str] = mapped_column(String(128))
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    reason: Mapped[str] = mapped_column(String(2000), default="")
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    worker_token: Mapped[str] = mapped_column(String(128))
-    policy_mode: Mapped[str] = mapped_column(String(16))
-    created_at: Mapped[float] = mapped_column(Float)
-    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    updated_at: Mapped[float] = mapped_column(Float)
-    #: Logical CPUs/GPUs the launcher set aside for this job while it runs.
-    reserved_cpus: Mapped[float] = mapped_column(Float, default=0.0)
-    reserved_gpus: Mapped[float] = mapped_column(Float, default=0.0)
-    # The latest telemetry report (the "snapshot"); report_seq counts reports.
-    report_seq: Mapped[int] = mapped_column(Integer, default=0)
-    reported_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    step: Mapped[int] = mapped_column(Integer, default=0)
-    steps: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    loss: Mapped[float | None] = mapped_column(Float, nullable=True)
-    samples_per_second: Mapped[float | None] = mapped_column(Float, nullable=True)
-    bandwidth: Mapped[float | None] = mapped_column(Float, nullable=True)
-    latency: Mapped[float | None] = mapped_column(Float, nullable=True)
-    phase_seconds: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
-    bytes_sent_per_step: Mapped[float | None] = mapped_column(Float, nullable=True)
-    world_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    grad_norm: Mapped[float | None] = mapped_column(Float, nullable=True)
-    compressor: Mapped[str] = mapped_column(String(32))
-    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
-    #: The worker's ModelProfile (JSON), for the policy's cost model and the compression ratio.
-    profile: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    decision_version: Mapped[int] = mapped_column(Integer, default=0)
-    last_history_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-
-
-class EventRow(Base):
-    """Everything a watcher should hear about, in order: kind is state, decision or policy."""
-
-    __tablename__ = "events"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    at: Mapped[float] = mapped_column(Float)
-    kind: Mapped[str] = mapped_column(String(16))
-    data: Mapped[dict[str, Any]] = mapped_column(JSON)
-
-
-class DecisionRow(Base):
-    __tablename__ = "decisions"
-    __table_args__ = (UniqueConstraint("job_id", "version"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    version: Mapped[int] = mapped_column(Integer)
-    compressor: Mapped[str] = mapped_column(String(32))
-    params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    reason: Mapped[str] = mapped_column(String(2000))
-    predicted_gain: Mapped[float | None] = mapped_column(Float, nullable=True)
-    source: Mapped[str] = mapped_column(String(16))
-    at: Mapped[float] = mapped_column(Float)
-
-
-class TelemetryRow(Base):
-    __tablename__ = "telemetry"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
-    at: Mapped[float] = mapped_column(Float)
-    step: Mapped[int] = mapped_column(Integer)
-    point: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
 #: Columns a telemetry report may change: the hot path writes them all with one prepared
@@ -145,88 +54,6 @@ _REPORT_UPDATE = (
     .values({name: bindparam(f"p_{name}") for name in _REPORT_COLUMNS} | {"report_seq": _JOBS.c.report_seq + 1})
 )
 _PROFILE_UPDATE = _JOBS.update().where(_JOBS.c.id == bindparam("p_job_id")).values(profile=bindparam("p_profile"))  # type: ignore[attr-defined]
-
-
-@dataclass(frozen=True)
-class JobRecord:
-    """A job row as the domain code sees it (including the fields the API never shows)."""
-
-    id: str
-    name: str
-    state: str
-    reason: str
-    spec: JobSpec
-    worker_token: str
-    policy_mode: str
-    created_at: float
-    started_at: float | None
-    finished_at: float | None
-    updated_at: float
-    reserved_cpus: float
-    reserved_gpus: float
-    report_seq: int
-    reported_at: float | None
-    step: int
-    steps: int | None
-    loss: float | None
-    samples_per_second: float | None
-    bandwidth: float | None
-    latency: float | None
-    phase_seconds: dict[str, float]
-    bytes_sent_per_step: float | None
-    world_size: int | None
-    grad_norm: float | None
-    compressor: str
-    rank: int | None
-    ratio: float | None
-    profile: ModelProfile | None
-    decision_version: int
-    last_history_at: float | None
-    summary: dict[str, Any] | None
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
-
-    @property
-    def step_seconds(self) -> float | None:
-        parts = [self.phase_seconds[p] for p in PHASES if p in self.phase_seconds]
-        return sum(parts) if parts else None
-
-    def status(self) -> JobStatus:
-        return JobStatus(
-            id=self.id, name=self.name, state=self.state, reason=self.reason,  # type: ignore[arg-type]
-            created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
-            updated_at=self.updated_at, step=self.step, steps=self.steps, loss=self.loss,
-            samples_per_second=self.samples_per_second, compressor=self.compressor, rank=self.rank,
-            ratio=self.ratio, bandwidth_bytes_per_second=self.bandwidth, latency_seconds=self.latency,
-            phase_seconds=dict(self.phase_seconds), step_seconds=self.step_seconds,
-            bytes_sent_per_step=self.bytes_sent_per_step, world_size=self.world_size,
-            workers=self.spec.workers, decision_version=self.decision_version,
-            policy_mode=self.policy_mode,  # type: ignore[arg-type]
-            spec=self.spec, summary=self.summary,
-        )
-
-    def live_point(self) -> TelemetryPoint | None:
-        """The latest report as a chart point (the live page gets every report, not only
-        the downsampled ones)."""
-        if self.reported_at is None:
-            return None
-        return TelemetryPoint(
-            at=self.reported_at, step=self.step, loss=self.loss,
-            samples_per_second=self.samples_per_second, bandwidth_bytes_per_second=self.bandwidth,
-            latency_seconds=self.latency, compressor=self.compressor, rank=self.rank, ratio=self.ratio,
-            phase_seconds=dict(self.phase_seconds), step_seconds=self.step_seconds,
-        )
-
-
-@dataclass(frozen=True)
-class StoredEvent:
-    id: int
-    job_id: str
-    at: float
-    kind: str
-    data: dict[str, Any]
 
 
 class StoreUnavailable(RuntimeError):
@@ -253,37 +80,6 @@ def _decision(row: DecisionRow) -> DecisionRecord:
         version=row.version, compressor=row.compressor, params=dict(row.params), reason=row.reason,
         predicted_gain=row.predicted_gain, source=row.source, at=row.at,  # type: ignore[arg-type]
     )
-
-
-def _is_storage_fault(exc: DBAPIError) -> bool:
-    """Faults of the storage below the database (not of a query): worth a 503, not a 500."""
-    text = str(exc.orig).lower()
-    return any(word in text for word in ("disk is full", "readonly", "read-only", "disk i/o",
-                                         "unable to open", "database is locked"))
-
-
-def make_engine(url: str) -> Engine:
-    """An engine with SQLite tuned for one writer and many readers (WAL, busy timeout)."""
-    is_sqlite = url.startswith("sqlite")
-    if is_sqlite and url.startswith("sqlite:///") and ":memory:" not in url:
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    kwargs: dict[str, Any] = {}
-    if is_sqlite:
-        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
-    engine = create_engine(url, **kwargs)
-    if is_sqlite:
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            cursor = dbapi_conn.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            # WAL + NORMAL: a commit is durable against a crash of the coordinator (the WAL is
-            # on disk); only an OS crash or power loss can lose the last commits. Spares
-            # every telemetry report an fsync.
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
-            cursor.close()
-    return engine
 
 
 class Store:
@@ -326,7 +122,7 @@ class Store:
                     yield session
             except DBAPIError as exc:
                 self._pending = []
-                if not _is_storage_fault(exc):
+                if not is_storage_fault(exc):
                     raise
                 self.write_error = str(exc.orig).splitlines()[0][:200]
                 raise StoreUnavailable(f"the database cannot be written: {self.write_error}") from None

@@ -25,8 +25,9 @@ import threading
 import time
 
 from coordinator.launcher import Capacity, Launcher, RayUnavailable
+from coordinator.records import JobRecord
 from coordinator.service import Conflict, JobService
-from coordinator.store import InvalidTransition, JobRecord
+from coordinator.store import InvalidTransition
 
 log = logging.getLogger(__name__)
 

@@ -114,7 +114,7 @@ class PolicyConfig:
 class Measurements:
     """One report's view of the job: link, cluster size, model, and what runs now.
 
-    ``latency_s`` is what the telemetry reports (``workers.probe.LinkEstimate.latency_s``):
+    ``latency_s`` is what the telemetry reports (``workers.link_estimate.LinkEstimate.latency_s``):
     the time of a zero-byte all-reduce on the whole group, ``2(N−1)·α``, not α itself.
     ``wake_s`` is the probe's wake-up cost of a collective on an idle link
     (``planning.costmodel.Link.wake_s``).

@@ -50,17 +50,11 @@ from workers.control import (
     SwitchAgreement,
     TelemetrySink,
 )
-from workers.data import InfiniteLoader, batches_per_epoch, make_loader
-from workers.probe import (
-    DEFAULT_SIZES,
-    PROBE_STOP_FACTOR,
-    PROBE_TRANSFER_S,
-    LinkEstimate,
-    PassiveBandwidth,
-    ProbeScheduler,
-    probe_link,
-    sized_probe,
-)
+from workers.link_estimate import LinkEstimate
+from workers.loaders import InfiniteLoader, batches_per_epoch, make_loader
+from workers.passive_bandwidth import PassiveBandwidth
+from workers.probe import DEFAULT_SIZES, PROBE_STOP_FACTOR, PROBE_TRANSFER_S, probe_link, sized_probe
+from workers.probe_scheduler import ProbeScheduler
 from workers.quality import QualitySignal
 from workers.timing import StepTimer, codec_clock
 from workers.usercode import Workload, build_workload

@@ -8,7 +8,7 @@ can state the overhead (``overhead()``).
 
 Why a budget: an estimate costs one ``svdvals`` per sampled matrix (0.1-0.3 s for BERT's
 largest on a CPU core); at a fixed step interval that would be a fixed share of a fast step
-and nothing of a slow one. Like the probe (``workers.probe.ProbeScheduler``), it runs at most
+and nothing of a slow one. Like the probe (``workers.probe_scheduler.ProbeScheduler``), it runs at most
 every ``probe_interval_s`` and only while its total cost stays within ``budget`` of the run
 time; half the job's probe budget is the default.
 """
@@ -23,7 +23,7 @@ from planning.controller import policy_config
 from planning.costmodel import candidates
 from planning.protocol import TrainConfig
 from planning.spec import CompressorSpec
-from workers.probe import ProbeScheduler
+from workers.probe_scheduler import ProbeScheduler
 
 #: Share of the job's probe budget the estimates may take.
 ESTIMATE_BUDGET_SHARE = 0.5

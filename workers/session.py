@@ -47,8 +47,9 @@ from workers.control import (
     SwitchAgreement,
     TelemetrySink,
 )
+from workers.link_estimate import LinkEstimate
 from workers.loop import _Reporter
-from workers.probe import DEFAULT_SIZES, PROBE_STOP_FACTOR, PROBE_TRANSFER_S, LinkEstimate, probe_link
+from workers.probe import DEFAULT_SIZES, PROBE_STOP_FACTOR, PROBE_TRANSFER_S, probe_link
 from workers.timing import StepTimer
 
 log = logging.getLogger(__name__)

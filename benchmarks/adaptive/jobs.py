@@ -114,7 +114,8 @@ class HeldOut:
     """
 
     def __init__(self, cfg: TrainConfig, samples: int = 1024) -> None:
-        from workers.data import build_dataset, input_spec, make_loader
+        from workers.data import build_dataset, input_spec
+        from workers.loaders import make_loader
         from workers.models import build_model
 
         self.cfg = cfg

@@ -120,7 +120,8 @@ def rank_main(cell: Cell, rank: int, world: int, init: str, out: Path | None) ->
     from compressors import GradientSync
     from compressors.base import from_spec
     from planning.spec import make_spec
-    from workers.data import InfiniteLoader, build_dataset
+    from workers.data import build_dataset
+    from workers.loaders import InfiniteLoader
     from workers.models import build_model
     from workers.probe import probe_link
     from workers.timing import StepTimer

@@ -6,9 +6,9 @@ from fastapi import Depends, HTTPException, Query, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from coordinator.auth import token_matches
+from coordinator.records import JobRecord
 from coordinator.service import JobService
 from coordinator.settings import Settings
-from coordinator.store import JobRecord
 
 bearer = HTTPBearer(auto_error=False, description="GRADWIRE_TOKEN (operator) or the job's worker token")
 

@@ -15,9 +15,9 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials
 
 from coordinator.api.deps import bearer, get_service, worker_job
+from coordinator.records import JobRecord
 from coordinator.schemas import TelemetryReport
 from coordinator.service import JobService
-from coordinator.store import JobRecord
 from planning.decision import Decision
 
 router = APIRouter(prefix="/v1/jobs", tags=["workers"])

@@ -12,7 +12,8 @@ import pytest
 from harness import run_ranks
 
 from benchmarks.testbed import Testbed, worker_env
-from workers.probe import LinkEstimate, probe_link
+from workers.link_estimate import LinkEstimate
+from workers.probe import probe_link
 
 ROOT = Path(__file__).resolve().parents[2]
 

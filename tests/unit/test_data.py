@@ -7,16 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
-from workers import data
-from workers.data import (
-    InfiniteLoader,
-    build_dataset,
-    dataset_size,
-    digits_split_indices,
-    input_spec,
-    make_loader,
-    validate_combination,
-)
+from workers import data, synthetic_data
+from workers.data import build_dataset, dataset_size, input_spec, validate_combination
+from workers.digits import digits_split_indices
+from workers.loaders import InfiniteLoader, make_loader
 from workers.models import build_model
 
 DIGITS_TOTAL = 1797
@@ -70,7 +64,7 @@ def test_synthetic_options() -> None:
         images[10]
     tokens = build_dataset("synthetic", model="bert-base", seq_len=128)
     x, _ = tokens[0]
-    assert x.shape == (128,) and int(x[0]) == data.CLS_TOKEN_ID and int(x.max()) < data.VOCAB_SIZE
+    assert x.shape == (128,) and int(x[0]) == synthetic_data.CLS_TOKEN_ID and int(x.max()) < synthetic_data.VOCAB_SIZE
 
 
 def test_synthetic_labels_are_learnable_by_the_mlp() -> None:
@@ -229,7 +223,7 @@ def test_infinite_loader_rejects_a_batch_larger_than_the_shard() -> None:
 def test_a_small_synthetic_set_is_generated_once_with_the_same_samples() -> None:
     """The demo's input must cost next to nothing beside a step: a set that fits in memory
     is generated whole on first access, sample for sample what per-access generation gives."""
-    from workers.data import SyntheticImages
+    from workers.synthetic_data import SyntheticImages
 
     cached = SyntheticImages(256, seed=3, flatten=True)
     first = cached[17]
@@ -244,7 +238,7 @@ def test_a_small_synthetic_set_is_generated_once_with_the_same_samples() -> None
 
 
 def test_a_large_synthetic_set_is_still_generated_per_access() -> None:
-    from workers.data import SYNTHETIC_CACHE_BYTES, SyntheticImages
+    from workers.synthetic_data import SYNTHETIC_CACHE_BYTES, SyntheticImages
 
     large = SyntheticImages(4096, image_size=224)  # 4096 x 3x224x224 floats = 2.4 GB
     assert 4096 * 3 * 224 * 224 * 4 > SYNTHETIC_CACHE_BYTES

@@ -8,16 +8,11 @@ import random
 
 import pytest
 
-from workers.probe import (
-    DEFAULT_SIZES,
-    LinkEstimate,
-    PassiveBandwidth,
-    ProbeScheduler,
-    all_reduce_seconds,
-    fit_alpha_beta,
-    probe_link,
-    ring_coefficients,
-)
+from planning.costmodel import ring_coefficients
+from workers.link_estimate import LinkEstimate, all_reduce_seconds, fit_alpha_beta
+from workers.passive_bandwidth import PassiveBandwidth
+from workers.probe import DEFAULT_SIZES, probe_link
+from workers.probe_scheduler import ProbeScheduler
 
 MB = 1e6
 

@@ -1,0 +1,67 @@
+"""When to run the active link probe: at start, then at an interval, within a cost budget.
+
+Why a budget: a probe all-reduces megabytes that training would rather send; on a slow link
+one costs a second or more. :class:`ProbeScheduler` keeps the probes' total cost within a
+share (2%) of the run's elapsed time. It reads no clock itself, so it is tested with a fake
+one and every rank can feed it the same agreed numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ProbeScheduler:
+    """Decides when the next active probe may run; the caller supplies the clock.
+
+    A probe is due at start (before any has run), and afterwards when ``probe_interval_s``
+    has passed since the last one AND running one more (predicted to cost as much as the
+    last) keeps the total probe cost within ``max_cost_fraction`` of the elapsed run time.
+    The start probe is exempt from the budget (nothing has elapsed yet) but counts
+    towards it, so later probes wait until the run has earned it back.
+
+    ``now`` is any monotonic clock reading (for the interval); ``elapsed_s`` is the run's
+    time so far (for the budget). Every rank must take the same decision, or the probe's
+    collectives do not match: decide on rank 0 and broadcast it, or feed all ranks the
+    same agreed numbers.
+    """
+
+    probe_interval_s: float = 60.0
+    max_cost_fraction: float = 0.02
+    last_probe_at: float | None = None
+    last_cost_s: float = 0.0
+    total_cost_s: float = 0.0
+    probes: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.probe_interval_s > 0:
+            raise ValueError(f"probe_interval_s: must be > 0, got {self.probe_interval_s}")
+        if not 0 < self.max_cost_fraction < 1:
+            raise ValueError(f"max_cost_fraction: must be in (0, 1), got {self.max_cost_fraction}")
+
+    def due(self, now: float, elapsed_s: float, expected_cost_s: float | None = None) -> bool:
+        """Whether to probe now.
+
+        ``expected_cost_s`` is what the next probe will cost, by default as much as the last;
+        pass more when the link got slower since (the probe's transfers take longer).
+        """
+        if self.last_probe_at is None:
+            return True
+        if now - self.last_probe_at < self.probe_interval_s:
+            return False
+        cost = self.last_cost_s if expected_cost_s is None else expected_cost_s
+        return self.total_cost_s + cost <= self.max_cost_fraction * elapsed_s
+
+    def record(self, now: float, cost_s: float) -> None:
+        """Note that a probe finished at ``now`` after ``cost_s`` seconds."""
+        if cost_s < 0:
+            raise ValueError(f"cost_s: must be >= 0, got {cost_s}")
+        self.last_probe_at = now
+        self.last_cost_s = cost_s
+        self.total_cost_s += cost_s
+        self.probes += 1
+
+    def earliest_elapsed_for_next(self) -> float:
+        """The elapsed run time from which the budget allows the next probe."""
+        return (self.total_cost_s + self.last_cost_s) / self.max_cost_fraction
