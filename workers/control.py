@@ -147,8 +147,11 @@ class CoordinatorClient:
                 self.failures += 1
                 self._backoff_s = min(30.0, max(0.5, self._backoff_s * 2))
                 log.warning("coordinator unreachable (%s); retrying in %.1f s", exc, self._backoff_s)
-                if report is not None:
-                    self.send(report)
+                if report is not None:  # retry it, unless a newer report came in meanwhile
+                    try:
+                        self._outbox.put_nowait(report)
+                    except queue.Full:
+                        pass
 
 
 # --------------------------------------------------------------------------- sources
