@@ -101,11 +101,15 @@ class CoordinatorClient:
 
     # sink
     def send(self, telemetry: Telemetry) -> None:
-        try:
-            self._outbox.get_nowait()  # drop an unsent older report: the newest one matters
-        except queue.Empty:
-            pass
-        self._outbox.put_nowait(telemetry)
+        while True:  # the sender thread may refill the slot between our get and put
+            try:
+                self._outbox.put_nowait(telemetry)
+                return
+            except queue.Full:
+                try:
+                    self._outbox.get_nowait()  # drop an unsent older report: the newest one matters
+                except queue.Empty:
+                    pass
 
     # source
     def current(self) -> Decision | None:
