@@ -24,7 +24,8 @@ from coordinator.schemas import DecisionRecord, PinnedPolicy
 from planning import policy
 from planning.controller import policy_config, policy_measurements, step_profile
 from planning.costmodel import StepProfile, candidates
-from planning.protocol import CompressionConfig, ModelProfile, Telemetry
+from planning.protocol import ModelProfile, Telemetry
+from planning.sections import CompressionConfig
 from planning.spec import CompressorSpec, make_spec, spec_to_dict
 
 

@@ -87,7 +87,8 @@ class JobRow(Base):
     world_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
     grad_norm: Mapped[float | None] = mapped_column(Float, nullable=True)
     compressor: Mapped[str] = mapped_column(String(32))
-    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: The compressor's rank; its SQL column keeps the name ``rank`` (existing databases).
+    compressor_rank: Mapped[int | None] = mapped_column("rank", Integer, key="compressor_rank", nullable=True)
     ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
     #: The worker's ModelProfile (JSON), for the policy's cost model and the compression ratio.
     profile: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
@@ -137,7 +138,7 @@ class TelemetryRow(Base):
 #: UPDATE (SQLAlchemy caches its compiled form), from the job's cached record.
 _REPORT_COLUMNS = ("state", "reason", "started_at", "updated_at", "reported_at", "last_history_at", "step",
                    "steps", "loss", "samples_per_second", "bandwidth", "latency", "phase_seconds",
-                   "bytes_sent_per_step", "world_size", "grad_norm", "compressor", "rank", "ratio",
+                   "bytes_sent_per_step", "world_size", "grad_norm", "compressor", "compressor_rank", "ratio",
                    "decision_version")
 _JOBS = JobRow.__table__
 _REPORT_UPDATE = (
@@ -177,7 +178,7 @@ class JobRecord:
     world_size: int | None
     grad_norm: float | None
     compressor: str
-    rank: int | None
+    compressor_rank: int | None
     ratio: float | None
     profile: ModelProfile | None
     decision_version: int
@@ -198,7 +199,8 @@ class JobRecord:
             id=self.id, name=self.name, state=self.state, reason=self.reason,  # type: ignore[arg-type]
             created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
             updated_at=self.updated_at, step=self.step, steps=self.steps, loss=self.loss,
-            samples_per_second=self.samples_per_second, compressor=self.compressor, rank=self.rank,
+            samples_per_second=self.samples_per_second, compressor=self.compressor,
+            compressor_rank=self.compressor_rank,
             ratio=self.ratio, bandwidth_bytes_per_second=self.bandwidth, latency_seconds=self.latency,
             phase_seconds=dict(self.phase_seconds), step_seconds=self.step_seconds,
             bytes_sent_per_step=self.bytes_sent_per_step, world_size=self.world_size,
@@ -215,7 +217,8 @@ class JobRecord:
         return TelemetryPoint(
             at=self.reported_at, step=self.step, loss=self.loss,
             samples_per_second=self.samples_per_second, bandwidth_bytes_per_second=self.bandwidth,
-            latency_seconds=self.latency, compressor=self.compressor, rank=self.rank, ratio=self.ratio,
+            latency_seconds=self.latency, compressor=self.compressor,
+            compressor_rank=self.compressor_rank, ratio=self.ratio,
             phase_seconds=dict(self.phase_seconds), step_seconds=self.step_seconds,
         )
 
@@ -369,7 +372,7 @@ class Store:
                 id=job_id, name=spec.name, state="queued", reason="waiting for the launcher",
                 spec=spec.model_dump(mode="json"), worker_token=worker_token, policy_mode=policy_mode,
                 created_at=now, updated_at=now, steps=spec.steps, compressor=decision.compressor,
-                rank=decision.params.get("rank"), ratio=decision.params.get("ratio"),
+                compressor_rank=decision.params.get("rank"), ratio=decision.params.get("ratio"),
                 decision_version=decision.version, phase_seconds={},
                 reserved_cpus=0.0, reserved_gpus=0.0, report_seq=0, step=0,
             )

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from planning import costmodel
 from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
-from planning.protocol import CompressionConfig, Decision, ModelProfile, Telemetry
+from planning.protocol import Decision, ModelProfile, Telemetry
+from planning.sections import CompressionConfig
 from planning.spec import COMPRESSOR_NAMES, CompressorSpec, make_spec, spec_to_dict
 
 
@@ -76,7 +77,7 @@ def _running_error(telemetry: Telemetry) -> tuple[str, float] | None:
     """(label, error) of the compressor that ran the reported step, if the report has both."""
     if telemetry.compression_error is None or not telemetry.compressor:
         return None
-    params = {k: v for k, v in (("rank", telemetry.rank), ("ratio", telemetry.ratio)) if v is not None}
+    params = {k: v for k, v in (("rank", telemetry.compressor_rank), ("ratio", telemetry.ratio)) if v is not None}
     return make_spec(telemetry.compressor, **params).label, telemetry.compression_error
 
 

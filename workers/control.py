@@ -23,7 +23,8 @@ from typing import Any, Callable, Protocol
 import torch.distributed as dist
 
 from planning.controller import AdaptiveController
-from planning.protocol import CompressionConfig, Decision, Telemetry
+from planning.protocol import Decision, Telemetry
+from planning.sections import CompressionConfig
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from planning.protocol import DATASET_NAMES, MODEL_NAMES, SEQUENCE_MODELS
+from planning.sections import DATASET_NAMES, MODEL_NAMES, SEQUENCE_MODELS
 
 __all__ = [
     "SPLITS",

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planning.protocol import MODEL_NAMES, SEQUENCE_MODELS
+from planning.sections import MODEL_NAMES, SEQUENCE_MODELS
 
 __all__ = [
     "MODEL_NAMES",

@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:  # `benchmarks` is not an installed package
 
 from benchmarks.adaptive import JobRun, Phase, run_job, wait_for_quiet  # noqa: E402
 from benchmarks.testbed import Testbed  # noqa: E402
-from planning.protocol import TrainConfig  # noqa: E402
+from planning.config import TrainConfig  # noqa: E402
 from workers.runner import rank_records  # noqa: E402
 
 COMPRESSING = ("acpsgd", "powersgd", "topk", "signsgd")
