@@ -1,6 +1,6 @@
 """The user's own model, data and loss, named in a job by import path (``package.module:factory``).
 
-The coordinator only checks the form of a path (:func:`planning.protocol.is_import_path`);
+The coordinator only checks the form of a path (:func:`planning.sections.is_import_path`);
 the code is imported here, inside the job's Ray processes, where the job's ``runtime_env``
 (``working_dir``, ``py_modules``, ``pip``) has put it on ``sys.path``. Every failure is a
 :class:`UserCodeError` whose message names the job field, the path and the error, so a job
