@@ -43,6 +43,16 @@ class ModelProfile(_Strict):
     codec_per_element_s: dict[str, float] = {}
     device: str = "cpu"
 
+    @model_validator(mode="after")
+    def _buckets_name_parameters(self) -> "ModelProfile":
+        """Every bucket entry is the index of one of ``shapes`` (the cost model lays buckets
+        out by index: an index beyond them is a bad report, not a server error)."""
+        for bucket in self.buckets:
+            for index in bucket:
+                if not 0 <= index < len(self.shapes):
+                    raise ValueError(f"buckets: parameter index {index} out of range for {len(self.shapes)} shapes")
+        return self
+
 
 class Telemetry(_Strict):
     """One report from rank 0 of a running job."""

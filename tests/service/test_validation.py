@@ -131,8 +131,10 @@ def test_unknown_job_is_404(coordinator):
          "compress, communicate, decompress"),
         ({"bandwidth_bytes_per_second": 0}, ["body", "bandwidth_bytes_per_second"], "Input should be greater than 0"),
         ({"gpu_temp": 80}, ["body", "gpu_temp"], "Extra inputs are not permitted"),
+        ({"profile": {"shapes": [[4, 4], [4]], "buckets": [[0, 7]]}}, ["body", "profile"],
+         "Value error, buckets: parameter index 7 out of range for 2 shapes"),
     ],
-    ids=["negative-step", "unknown-phase", "zero-bandwidth", "extra-field"],
+    ids=["negative-step", "unknown-phase", "zero-bandwidth", "extra-field", "bucket-beyond-shapes"],
 )
 def test_bad_telemetry_is_422_and_changes_nothing(coordinator, changes, loc, msg):
     job = submit(coordinator.url)
