@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 
 #: (label, compression settings) in the order they are reported; "none" is the S-SGD baseline.
 CHOICES: dict[str, dict[str, Any]] = {

@@ -84,7 +84,7 @@ def report_body(step: int) -> bytes:
     return json.dumps({
         "step": step, "steps": 10_000_000, "loss": 2.0 / (1 + step), "samples_per_second": 640.0,
         "phase_seconds": PHASES, "bytes_sent_per_step": 12345.0, "bandwidth_bytes_per_second": 5e8,
-        "latency_seconds": 2e-4, "compressor": "acpsgd", "rank": 4, "world_size": 2,
+        "latency_seconds": 2e-4, "compressor": "acpsgd", "compressor_rank": 4, "world_size": 2,
         "decision_version": 0, "wall_time": time.time(), "grad_norm": 1.5,
     }, separators=(",", ":")).encode()
 

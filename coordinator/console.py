@@ -26,8 +26,8 @@ def num(value: float | None, digits: int = 4) -> str:
 
 def compressor(job: dict[str, Any]) -> str:
     name = job.get("compressor") or "–"
-    if job.get("rank"):
-        return f"{name} r{job['rank']}"
+    if job.get("compressor_rank"):
+        return f"{name} r{job['compressor_rank']}"
     return f"{name} {job['ratio']}" if job.get("ratio") else name
 
 

@@ -23,7 +23,8 @@ import threading
 from coordinator.schemas import PinnedPolicy
 from planning.controller import AdaptiveController, initial_decision
 from planning.decision import Decision
-from planning.protocol import CompressionConfig, ModelProfile, Telemetry
+from planning.protocol import ModelProfile, Telemetry
+from planning.sections import CompressionConfig
 from planning.spec import make_spec
 
 

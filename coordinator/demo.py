@@ -36,7 +36,7 @@ DEMO_SPEC: dict[str, Any] = {
     "batch_size": 64,
     "workers": 2,
     "report_interval_s": 1.0,
-    "compression": {"mode": "adaptive", "compressor": registry.DEFAULT_COMPRESSOR, "rank": 4},
+    "compression": {"mode": "adaptive", "compressor": registry.DEFAULT_COMPRESSOR, "compressor_rank": 4},
 }
 
 

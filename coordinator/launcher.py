@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 
 from coordinator import raylocal
 from coordinator.settings import Settings
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 from workers.runtime_env import uploaded
 
 log = logging.getLogger(__name__)

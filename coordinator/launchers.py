@@ -17,7 +17,7 @@ import sys
 
 from coordinator.launcher import Launcher, NullLauncher
 from coordinator.settings import Settings
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 
 #: What a coordinator needs to run jobs itself, by import name.
 WORKER_RUNTIME = ("ray", "torch")

@@ -1,7 +1,7 @@
 """Every Prometheus metric the coordinator exports, in one place (docs/coordinator.md, "Metrics").
 
 Names carry the ``gradwire_`` prefix and base units; labels stay low-cardinality: ``job``
-(the job id), ``phase``, ``compressor`` (and ``rank`` on the info series). Each app gets its
+(the job id), ``phase``, ``compressor`` (and ``compressor_rank`` on the info series). Each app gets its
 own registry, so tests can run several coordinators in one process. A finished job's series
 are removed ``grace_s`` after it ends, so dashboards see the end and Prometheus forgets it.
 
@@ -81,8 +81,8 @@ class CoordinatorMetrics:
             "gradwire_compression_ratio", "Uncompressed over compressed bytes per step",
             ["job", "compressor"], registry=r)
         self.compressor_info = Gauge(
-            "gradwire_compressor_info", "1 for the compressor (and rank) a job uses now",
-            ["job", "compressor", "rank"], registry=r)
+            "gradwire_compressor_info", "1 for the compressor (and its compressor_rank) a job uses now",
+            ["job", "compressor", "compressor_rank"], registry=r)
         self.compression_error = Gauge(
             "gradwire_compression_error", "Relative compression error ||x - C(x)|| / ||x|| of the "
             "running compressor in its latest reported step (x: gradient plus error feedback)",
@@ -137,17 +137,17 @@ class CoordinatorMetrics:
             for candidate, error in t.compression_error_estimates.items():
                 self._labels(self.compression_error_estimate, job_id, candidate).set(error)  # type: ignore[attr-defined]
             if t.compressor:
-                self._set_info(job_id, compressor, "" if t.rank is None else str(t.rank))
+                self._set_info(job_id, compressor, "" if t.compressor_rank is None else str(t.compressor_rank))
 
-    def _set_info(self, job_id: str, compressor: str, rank: str) -> None:
+    def _set_info(self, job_id: str, compressor: str, compressor_rank: str) -> None:
         old = self._info.get(job_id)
-        if old == (compressor, rank):
+        if old == (compressor, compressor_rank):
             return
         if old is not None:
             self.compressor_info.remove(job_id, *old)
             self._series.get(job_id, {}).pop((self.compressor_info, (job_id, *old)), None)
-        self._labels(self.compressor_info, job_id, compressor, rank).set(1)  # type: ignore[attr-defined]
-        self._info[job_id] = (compressor, rank)
+        self._labels(self.compressor_info, job_id, compressor, compressor_rank).set(1)  # type: ignore[attr-defined]
+        self._info[job_id] = (compressor, compressor_rank)
 
     def record_switch(self, job_id: str) -> None:
         with self._lock:
@@ -177,7 +177,7 @@ def _label(t: Telemetry) -> str:
     """The running compressor as a label (``acpsgd-r4``, ``topk-0.01``), as candidates are named."""
     if not t.compressor:
         return "unknown"
-    params = {k: v for k, v in (("rank", t.rank), ("ratio", t.ratio)) if v is not None}
+    params = {k: v for k, v in (("rank", t.compressor_rank), ("ratio", t.ratio)) if v is not None}
     try:
         return make_spec(t.compressor, **params).label
     except ValueError:
@@ -193,7 +193,7 @@ def _compression_ratio(t: Telemetry, shapes: list[list[int]] | None) -> float | 
     if not shapes or not t.compressor:
         return None
     try:
-        params = {k: v for k, v in (("rank", t.rank), ("ratio", t.ratio)) if v is not None}
+        params = {k: v for k, v in (("rank", t.compressor_rank), ("ratio", t.ratio)) if v is not None}
         spec = make_spec(t.compressor, **params)
         sent = wire_bytes(spec, shapes, t.world_size)
         return wire_bytes(make_spec(registry.UNCOMPRESSED), shapes, t.world_size) / sent if sent else None

@@ -27,7 +27,7 @@ from typing import Any
 from coordinator.launcher import Capacity, RayUnavailable, RunStatus
 from coordinator.raylocal import port_open
 from coordinator.settings import Settings
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ class JobRecord:
     world_size: int | None
     grad_norm: float | None
     compressor: str
-    rank: int | None
+    compressor_rank: int | None
     ratio: float | None
     profile: ModelProfile | None
     decision_version: int
@@ -66,7 +66,8 @@ class JobRecord:
             id=self.id, name=self.name, state=self.state, reason=self.reason,  # type: ignore[arg-type]
             created_at=self.created_at, started_at=self.started_at, finished_at=self.finished_at,
             updated_at=self.updated_at, step=self.step, steps=self.steps, loss=self.loss,
-            samples_per_second=self.samples_per_second, compressor=self.compressor, rank=self.rank,
+            samples_per_second=self.samples_per_second, compressor=self.compressor,
+            compressor_rank=self.compressor_rank,
             ratio=self.ratio, bandwidth_bytes_per_second=self.bandwidth, latency_seconds=self.latency,
             phase_seconds=dict(self.phase_seconds), step_seconds=self.step_seconds,
             bytes_sent_per_step=self.bytes_sent_per_step, world_size=self.world_size,
@@ -83,7 +84,8 @@ class JobRecord:
         return TelemetryPoint(
             at=self.reported_at, step=self.step, loss=self.loss,
             samples_per_second=self.samples_per_second, bandwidth_bytes_per_second=self.bandwidth,
-            latency_seconds=self.latency, compressor=self.compressor, rank=self.rank, ratio=self.ratio,
+            latency_seconds=self.latency, compressor=self.compressor,
+            compressor_rank=self.compressor_rank, ratio=self.ratio,
             phase_seconds=dict(self.phase_seconds), step_seconds=self.step_seconds,
         )
 

@@ -1,9 +1,11 @@
 """The REST contract: what clients send (``JobSpec``, ``PinnedPolicy``/``AdaptivePolicy``) and read back.
 
 Validation happens here, at the boundary, so the rest of the coordinator can trust its
-inputs. ``JobSpec`` lists the user-settable fields of ``planning.protocol.TrainConfig``
-explicitly (that is the documented API, shown in ``/docs``) and is checked against
-``TrainConfig`` once more when it is built, so a spec that passes here always converts.
+inputs. ``JobSpec`` is ``planning.config.JobFields``, the job configuration in sections
+that ``gradwire train`` and the workers validate with the same models (the documented API,
+shown in ``/docs``), so a spec that passes here always converts to a ``TrainConfig``.
+The compressor's rank is ``compressor_rank`` wherever it sits beside process ranks and
+world sizes (reports, job status, pins).
 """
 
 from __future__ import annotations
@@ -11,24 +13,19 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
-    StrictBool,
     field_validator,
     model_validator,
 )
 
 from planning import registry
+from planning.config import MAX_WORKERS, JobFields, TrainConfig
 from planning.decision import Decision
-from planning.protocol import (
-    DATASET_NAMES,
-    MODEL_NAMES,
-    JobFields,
-    ModelProfile,
-    Telemetry,
-    TrainConfig,
-)
+from planning.protocol import ModelProfile, Telemetry
+from planning.sections import MAX_COMPRESSOR_RANK
 from planning.spec import make_spec
 
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -36,58 +33,25 @@ JOB_STATES: tuple[str, ...] = ("queued", "running", "succeeded", "failed", "canc
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 PolicyMode = Literal["fixed", "adaptive", "pinned"]
 
-# A built-in name or a user factory's import path; the workers' JobFields validators check both forms.
-ModelName = str
-DatasetName = str
-_MODEL_DOC = f"built-in ({', '.join(MODEL_NAMES)}) or 'package.module:factory' returning an nn.Module"
-_DATASET_DOC = (f"built-in ({', '.join(DATASET_NAMES)}) or 'package.module:factory' whose factory(seed) "
-                "returns (train, held_out) Datasets; 'external' for external jobs")
-
 _NUMBERS = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-#: A job name becomes part of a directory name (Ray Train's run directory) and of log lines:
-#: letters, digits, ``.``, ``_`` and ``-``, starting with a letter or digit — no path
-#: separators, no ``..``, no control characters.
-JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class JobSpec(JobFields):
-    """A training job as a user submits it: ``planning.protocol.JobFields`` (the same fields,
-    bounds and cross-field rules the workers use), with names spelled out as enums for the
-    OpenAPI schema and strict types at the REST boundary. Every field but the few in the
-    smallest example of docs/coordinator.md ("The smallest job") has a default; unknown fields are refused."""
-
-    model_config = _NUMBERS
-
-    name: str = Field(default="job", min_length=1, max_length=128, pattern=JOB_NAME_PATTERN,
-                      description="letters, digits, '.', '_' and '-' (it names the run's directory)")
-    model: ModelName = Field(default="mlp", max_length=512, description=_MODEL_DOC)
-    dataset: DatasetName = Field(default="synthetic", max_length=512, description=_DATASET_DOC)
-    external: StrictBool = False
-    use_gpu: StrictBool = False
-
-    @field_validator("workers", mode="before")
-    @classmethod
-    def _no_bool_workers(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise ValueError("must be a number or 'min..max', got a boolean")
-        return value
+    """A training job as a user submits it: ``planning.config.JobFields`` itself (the same
+    sections, bounds and cross-field rules the workers and ``gradwire train`` use, validated
+    there once; flat bodies of the pre-section form are folded into their sections). Every
+    field but the few in the smallest example of docs/coordinator.md ("The smallest job") has
+    a default; unknown fields are refused."""
 
     def to_train_config(self, *, job_id: str | None = None, job_token: str | None = None,
                         coordinator_url: str | None = None) -> TrainConfig:
-        return TrainConfig(
-            **self.model_dump(exclude={"compression", "schedule"}),
-            compression=self.compression,
-            schedule=self.schedule,
-            job_id=job_id,
-            job_token=job_token,
-            coordinator_url=coordinator_url,
-        )
+        return TrainConfig.model_validate({**dict(self), "job_id": job_id, "job_token": job_token,
+                                           "coordinator_url": coordinator_url})
 
 
 #: Bounds of the integers a report carries: far above any real run, far below SQLite's 2**63.
 MAX_REPORTED_STEP = 10**12
-MAX_WORLD_SIZE = 1024  # JobFields.workers' bound
+MAX_WORLD_SIZE = MAX_WORKERS
 
 
 class ReportedProfile(ModelProfile):
@@ -114,7 +78,7 @@ class TelemetryReport(Telemetry):
     world_size: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE)
     decision_version: int = Field(default=0, ge=0, le=MAX_REPORTED_STEP)
     compressor: str | None = None
-    rank: int | None = Field(default=None, ge=1, le=4096)
+    compressor_rank: int | None = Field(default=None, ge=1, le=MAX_COMPRESSOR_RANK)
     ratio: float | None = Field(default=None, gt=0, le=1)
     wall_time: float | None = Field(default=None, ge=0)
     resumed_from_step: int | None = Field(default=None, ge=0, le=MAX_REPORTED_STEP)
@@ -136,7 +100,9 @@ class PinnedPolicy(BaseModel):
 
     mode: Literal["pinned"]
     compressor: str
-    rank: int | None = Field(default=None, ge=1, le=4096)
+    #: The compressor's rank (``rank`` is accepted as its old spelling).
+    compressor_rank: int | None = Field(default=None, ge=1, le=MAX_COMPRESSOR_RANK,
+                                        validation_alias=AliasChoices("compressor_rank", "rank"))
     ratio: float | None = Field(default=None, gt=0, le=1)
 
     @field_validator("compressor")
@@ -153,7 +119,8 @@ class PinnedPolicy(BaseModel):
         return self
 
     def params(self) -> dict[str, Any]:
-        return {k: v for k, v in (("rank", self.rank), ("ratio", self.ratio)) if v is not None}
+        """Parameters for ``compressors.build`` (whose argument for the compressor rank is ``rank``)."""
+        return {k: v for k, v in (("rank", self.compressor_rank), ("ratio", self.ratio)) if v is not None}
 
 
 class AdaptivePolicy(BaseModel):
@@ -193,7 +160,8 @@ class TelemetryPoint(BaseModel):
     bandwidth_bytes_per_second: float | None = None
     latency_seconds: float | None = None
     compressor: str | None = None
-    rank: int | None = None
+    #: The compressor's rank; history points stored before the rename carry it as ``rank``.
+    compressor_rank: int | None = Field(default=None, validation_alias=AliasChoices("compressor_rank", "rank"))
     ratio: float | None = None
     phase_seconds: dict[str, float] = {}
     step_seconds: float | None = None
@@ -230,7 +198,8 @@ class JobStatus(BaseModel):
     loss: float | None
     samples_per_second: float | None
     compressor: str
-    rank: int | None
+    #: The compressor's rank (low-rank compressors), not a process rank.
+    compressor_rank: int | None
     ratio: float | None
     bandwidth_bytes_per_second: float | None
     latency_seconds: float | None

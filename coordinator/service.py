@@ -200,7 +200,7 @@ class JobService:
             decision = None if stale else self.decisions.on_report(
                 job_id, job.policy_mode, job.spec.compression, current, t, profile, now)
             keep = (job.last_history_at is None or now - job.last_history_at >= self.settings.history_interval_s
-                    or t.compressor != job.compressor or t.rank != job.rank or _last_step(job, t))
+                    or t.compressor != job.compressor or t.compressor_rank != job.compressor_rank or _last_step(job, t))
             point = _point(t, at) if keep else None
             self.store.record_report(job_id, snapshot=_snapshot(t, job), history=point, decision=decision,
                                      start_running=True, now=now, max_rows=self.settings.history_max_rows,
@@ -251,7 +251,7 @@ def _snapshot(t: Telemetry, job: JobRecord) -> dict:
                 "bytes_sent_per_step": t.bytes_sent_per_step, "grad_norm": t.grad_norm}
     values.update({k: v for k, v in optional.items() if v is not None})
     if t.compressor:
-        values.update(compressor=t.compressor, rank=t.rank, ratio=t.ratio)
+        values.update(compressor=t.compressor, compressor_rank=t.compressor_rank, ratio=t.ratio)
     return values
 
 
@@ -260,7 +260,8 @@ def _point(t: Telemetry, now: float) -> TelemetryPoint:
     return TelemetryPoint(
         at=now, step=t.step, loss=t.loss, samples_per_second=t.samples_per_second,
         bandwidth_bytes_per_second=t.bandwidth_bytes_per_second, latency_seconds=t.latency_seconds,
-        compressor=t.compressor, rank=t.rank, ratio=t.ratio, phase_seconds=dict(t.phase_seconds),
+        compressor=t.compressor, compressor_rank=t.compressor_rank, ratio=t.ratio,
+        phase_seconds=dict(t.phase_seconds),
         step_seconds=sum(parts) if parts else None,
     )
 
@@ -276,7 +277,8 @@ def _summary_columns(summary: dict) -> dict:
         out["samples_per_second"] = float(summary["samples_per_second"])
     if isinstance(summary.get("compressor"), str):
         out["compressor"] = summary["compressor"]
-        out["rank"] = summary.get("rank") if isinstance(summary.get("rank"), int) else None
+        rank = summary.get("compressor_rank")
+        out["compressor_rank"] = rank if isinstance(rank, int) else None
     if isinstance(summary.get("phase_seconds"), dict):
         out["phase_seconds"] = {k: float(v) for k, v in summary["phase_seconds"].items()
                                 if isinstance(v, (int, float))}

@@ -46,7 +46,7 @@ ALLOWED_TRANSITIONS: dict[str | None, frozenset[str]] = {
 #: UPDATE (SQLAlchemy caches its compiled form), from the job's cached record.
 _REPORT_COLUMNS = ("state", "reason", "started_at", "updated_at", "reported_at", "last_history_at", "step",
                    "steps", "loss", "samples_per_second", "bandwidth", "latency", "phase_seconds",
-                   "bytes_sent_per_step", "world_size", "grad_norm", "compressor", "rank", "ratio",
+                   "bytes_sent_per_step", "world_size", "grad_norm", "compressor", "compressor_rank", "ratio",
                    "decision_version")
 _JOBS = JobRow.__table__
 _REPORT_UPDATE = (
@@ -165,7 +165,7 @@ class Store:
                 id=job_id, name=spec.name, state="queued", reason="waiting for the launcher",
                 spec=spec.model_dump(mode="json"), worker_token=worker_token, policy_mode=policy_mode,
                 created_at=now, updated_at=now, steps=spec.steps, compressor=decision.compressor,
-                rank=decision.params.get("rank"), ratio=decision.params.get("ratio"),
+                compressor_rank=decision.params.get("rank"), ratio=decision.params.get("ratio"),
                 decision_version=decision.version, phase_seconds={},
                 reserved_cpus=0.0, reserved_gpus=0.0, report_seq=0, step=0,
             )

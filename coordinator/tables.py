@@ -52,7 +52,8 @@ class JobRow(Base):
     world_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
     grad_norm: Mapped[float | None] = mapped_column(Float, nullable=True)
     compressor: Mapped[str] = mapped_column(String(32))
-    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: The compressor's rank; its SQL column keeps the name ``rank`` (existing databases).
+    compressor_rank: Mapped[int | None] = mapped_column("rank", Integer, key="compressor_rank", nullable=True)
     ratio: Mapped[float | None] = mapped_column(Float, nullable=True)
     #: The worker's ModelProfile (JSON), for the policy's cost model and the compression ratio.
     profile: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

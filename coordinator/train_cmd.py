@@ -1,8 +1,9 @@
 """``gradwire train SPEC.yaml``: run one job here, without a coordinator, and watch it live.
 
-The spec (YAML or JSON, the fields of ``planning.protocol.TrainConfig``, so a ``gradwire
-submit`` spec works too) is read, flags override its fields, and the result is validated
-as a whole: a bad value is a CLI error naming the field (exit code 2), never a traceback.
+The spec (YAML or JSON, ``planning.config.TrainConfig`` in sections or in the flat form, so
+a ``gradwire submit`` spec works too) is read, flags override its fields, and the result is
+validated as a whole by the same section models as the REST API: a bad value is a CLI error
+naming the field by its section path (exit code 2), never a traceback.
 
 The job runs on Ray Train (a local Ray cluster, or the one ``RAY_ADDRESS`` names) through
 ``workers.runner.run_job``. Rank 0 pushes its telemetry to a small named actor created
@@ -72,42 +73,70 @@ def read_spec(path: Path) -> dict[str, Any]:
 
 def apply_overrides(data: dict[str, Any], top: dict[str, Any], compression: dict[str, Any],
                     settings: list[str]) -> dict[str, Any]:
-    """``data`` with flags applied: top-level fields, ``compression`` fields, ``--set a.b=v``."""
+    """``data`` in sections (flat keys folded, ``planning.config.fold_flat``) with flags
+    applied: top-level or flat fields (``--batch-size`` lands in ``data.batch_size``),
+    ``compression`` fields, and ``--set a.b=v`` (a flat name works there too)."""
     import yaml
 
-    merged = dict(data)
-    merged.update({key: value for key, value in top.items() if value is not None})
+    from planning.config import FLAT_KEYS, NAMED_SECTIONS
+
+    merged = _folded(data)
+    flags = _folded({key: value for key, value in top.items() if value is not None})
+    for key, value in flags.items():
+        merged[key] = {**_section(merged, key), **value} if isinstance(value, dict) else value
     given = {key: value for key, value in compression.items() if value is not None}
     if given:
-        section = merged.get("compression") or {}
-        if not isinstance(section, dict):
-            raise SpecError("compression: must be a mapping of fields")
-        merged["compression"] = {**section, **given}
+        merged["compression"] = {**_section(merged, "compression"), **given}
     for item in settings:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise SpecError(f"--set {item!r}: expected FIELD=VALUE (e.g. compression.rank=8)")
+            raise SpecError(f"--set {item!r}: expected FIELD=VALUE (e.g. compression.compressor_rank=8)")
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
+        path = key.strip().split(".")
+        if len(path) == 1 and path[0] in FLAT_KEYS:
+            path = list(FLAT_KEYS[path[0]])
+        elif len(path) == 1 and path[0] in NAMED_SECTIONS and isinstance(value, str):
+            path = [path[0], NAMED_SECTIONS[path[0]]]
         target = merged
-        *parents, leaf = key.strip().split(".")
+        *parents, leaf = path
         for parent in parents:
             child = target.get(parent)
-            if not isinstance(child, dict):
-                child = {}
-            target[parent] = child = dict(child)
+            target[parent] = child = dict(child) if isinstance(child, dict) else {}
             target = child
         target[leaf] = value
+    if isinstance(merged.get("compression"), dict):
+        merged["compression"] = _section(merged, "compression")
     return merged
+
+
+def _folded(data: dict[str, Any]) -> dict[str, Any]:
+    from planning.config import fold_flat
+
+    try:
+        return dict(fold_flat(data))
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _section(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """A copy of section ``name`` (``compression``'s old ``rank`` spelt ``compressor_rank``)."""
+    section = data.get(name) or {}
+    if not isinstance(section, dict):
+        raise SpecError(f"{name}: must be a mapping of fields")
+    section = dict(section)
+    if name == "compression" and "rank" in section and "compressor_rank" not in section:
+        section["compressor_rank"] = section.pop("rank")
+    return section
 
 
 def build_config(data: dict[str, Any]) -> Any:
     """A validated ``TrainConfig``; :class:`SpecError` names the first bad field."""
     from pydantic import ValidationError
 
-    from planning.protocol import TrainConfig
+    from planning.config import TrainConfig
 
     try:
         return TrainConfig.model_validate(data)
@@ -271,12 +300,13 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 
 def train(
-    spec: Path = typer.Argument(..., help="job spec, .yaml/.yml or .json (fields of TrainConfig)"),
+    spec: Path = typer.Argument(..., help="job spec, .yaml/.yml or .json (TrainConfig: sections or flat fields)"),
     steps: Optional[int] = typer.Option(None, "--steps", help="training steps"),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="or epochs (not both)"),
     workers: Optional[str] = typer.Option(None, "--workers", help="N, or MIN..MAX for elastic"),
     compressor: Optional[str] = typer.Option(None, "--compressor", help="none fp16 bf16 signsgd topk powersgd acpsgd"),
-    rank: Optional[int] = typer.Option(None, "--rank", help="rank of powersgd/acpsgd"),
+    compressor_rank: Optional[int] = typer.Option(None, "--compressor-rank", "--rank",
+                                                  help="the compressor's rank (powersgd/acpsgd)"),
     ratio: Optional[float] = typer.Option(None, "--ratio", help="kept fraction of topk"),
     mode: Optional[str] = typer.Option(None, "--mode", help="fixed | adaptive"),
     model: Optional[str] = typer.Option(None, "--model", help="mlp cnn resnet18 ... bert-large"),
@@ -287,7 +317,7 @@ def train(
     name: Optional[str] = typer.Option(None, "--name", help="job name"),
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="steps between checkpoints"),
     settings: list[str] = typer.Option([], "--set", help="any other field, FIELD=VALUE (repeatable; "
-                                                       "dotted for nested, e.g. compression.max_rank=16)"),
+                                                       "SECTION.FIELD, e.g. compression.max_rank=16)"),
     summary_path: Optional[Path] = typer.Option(None, "--summary", help="write the summary JSON here"),
     no_ray: bool = typer.Option(False, "--no-ray", help="run on local processes without Ray (debugging)"),
     storage_path: Optional[str] = typer.Option(None, "--storage-path", help="Ray Train checkpoint storage"),
@@ -299,7 +329,7 @@ def train(
             read_spec(spec),
             {"steps": steps, "epochs": epochs, "workers": workers, "model": model, "dataset": dataset,
              "batch_size": batch_size, "lr": lr, "seed": seed, "name": name, "checkpoint_every": checkpoint_every},
-            {"compressor": compressor, "rank": rank, "ratio": ratio, "mode": mode},
+            {"compressor": compressor, "compressor_rank": compressor_rank, "ratio": ratio, "mode": mode},
             settings,
         )
         if steps is not None and epochs is None:

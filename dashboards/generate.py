@@ -121,8 +121,8 @@ def _panels() -> list[tuple[str, list[Any]]]:
         statetimeline.Panel().title("Compressor and rank")
         .description("Which compressor (and rank) each job uses over time; a change is a policy switch.")
         .datasource(DATASOURCE).height(6).span(24)
-        .with_target(_query(f"max by (job, compressor, rank) (gradwire_compressor_info{{{JOB}}})",
-                            "{{job}}: {{compressor}} rank {{rank}}"))
+        .with_target(_query(f"max by (job, compressor, compressor_rank) (gradwire_compressor_info{{{JOB}}})",
+                            "{{job}}: {{compressor}} rank {{compressor_rank}}"))
         .mappings([ValueMap(options={"1": ValueMappingResult(text="in use", color="green")})])
         .show_value(common.VisibilityMode.NEVER).merge_values(True).fill_opacity(80))
     wire = _timeseries(

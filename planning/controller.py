@@ -16,7 +16,8 @@ import dataclasses
 from planning import costmodel, registry
 from planning.decision import Decision, DecisionSource, decision_for, switch_params
 from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
-from planning.protocol import CompressionConfig, ModelProfile, Telemetry
+from planning.protocol import ModelProfile, Telemetry
+from planning.sections import CompressionConfig
 from planning.spec import CompressorSpec, make_spec
 
 __all__ = ["AdaptiveController", "decision_for", "initial_decision", "policy_config", "policy_measurements",
@@ -89,7 +90,7 @@ def _running_error(telemetry: Telemetry) -> tuple[str, float] | None:
     """(label, error) of the compressor that ran the reported step, if the report has both."""
     if telemetry.compression_error is None or not telemetry.compressor:
         return None
-    params = {k: v for k, v in (("rank", telemetry.rank), ("ratio", telemetry.ratio)) if v is not None}
+    params = {k: v for k, v in (("rank", telemetry.compressor_rank), ("ratio", telemetry.ratio)) if v is not None}
     return make_spec(telemetry.compressor, **params).label, telemetry.compression_error
 
 

@@ -24,7 +24,8 @@ import torch.distributed as dist
 
 from planning.controller import AdaptiveController
 from planning.decision import Decision
-from planning.protocol import CompressionConfig, Telemetry
+from planning.protocol import Telemetry
+from planning.sections import CompressionConfig
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
-from planning.protocol import DATASET_NAMES, MODEL_NAMES, SEQUENCE_MODELS
+from planning.sections import DATASET_NAMES, MODEL_NAMES, SEQUENCE_MODELS
 from workers.digits import DIGITS_CLASSES, digits_splits
 from workers.synthetic_data import (
     SPLITS,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planning.protocol import MODEL_NAMES, SEQUENCE_MODELS
+from planning.sections import MODEL_NAMES, SEQUENCE_MODELS
 from workers.networks.bert import BERT_CONFIGS, BERT_MAX_POSITIONS, BERT_NUM_CLASSES, BertClassifier
 from workers.networks.resnet import RESNET_CONFIGS, ResNet
 from workers.networks.small import MLP, SmallCNN

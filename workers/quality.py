@@ -19,9 +19,9 @@ import time
 
 from compressors import GradientSync
 from compressors.quality import ErrorMeter, estimate_errors
+from planning.config import TrainConfig
 from planning.controller import policy_config
 from planning.costmodel import candidates
-from planning.protocol import TrainConfig
 from planning.spec import CompressorSpec
 from workers.probe_scheduler import ProbeScheduler
 
@@ -39,8 +39,8 @@ class QualitySignal:
         if cfg.compression.mode == "adaptive":
             config = policy_config(cfg.compression)
             self.candidates = candidates(config.allowed, config.min_rank, config.max_rank, config.topk_ratios)
-        self.scheduler = ProbeScheduler(probe_interval_s=cfg.probe_interval_s,
-                                        max_cost_fraction=cfg.probe_budget * ESTIMATE_BUDGET_SHARE)
+        self.scheduler = ProbeScheduler(probe_interval_s=cfg.probing.interval_s,
+                                        max_cost_fraction=cfg.probing.budget * ESTIMATE_BUDGET_SHARE)
         self.estimates: dict[str, float] = {}
         self.estimate_s = 0.0
         self.started = time.monotonic()

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 from workers.runner import run_rank
 
 

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 from workers.runtime_env import inherited_code, uploaded
 
 #: Lowered so ray.train.report does not block ~2 s per call (see Ray Train v2 health checks).
@@ -38,9 +38,9 @@ def validate(config: TrainConfig, *, import_here: bool = True) -> None:
         raise ValueError("external: this job's training runs elsewhere (gradwire.ray.prepare); nothing to launch")
     if import_here:
         check_importable(config)
-    if not config.user_dataset:
-        shape_as = "cnn" if config.user_model else config.model
-        validate_combination(shape_as, config.dataset, config.batch_size, config.max_workers, seq_len=config.seq_len)
+    if not config.data.user_code:
+        shape_as = "cnn" if config.model.user_code else config.model.name
+        validate_combination(shape_as, config.data.dataset, config.data.batch_size, config.max_workers, seq_len=config.data.seq_len)
 
 
 def run_job(
@@ -84,7 +84,7 @@ def run_job(
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=storage,
-            failure_config=ray.train.FailureConfig(max_failures=config.max_failures),
+            failure_config=ray.train.FailureConfig(max_failures=config.checkpoints.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
             worker_runtime_env=worker_env,
         ),
@@ -101,7 +101,7 @@ def check_user_code_on_ray(config: TrainConfig, runtime_env: dict[str, Any] | No
     user factory that does not import or returns the wrong type fails the job at once, naming
     the path and the error, rather than after Ray Train has started (and, with
     ``max_failures``, restarted) worker groups that all fail the same way."""
-    if not (config.user_model or config.user_dataset or config.loss):
+    if not (config.model.user_code or config.data.user_code or config.model.loss):
         return
     import ray
     from ray.exceptions import RayTaskError
@@ -252,7 +252,8 @@ def run_rank(
     import torch
     import torch.distributed as dist
 
-    from workers.loop import LocalWorkerEnv, run_training
+    from workers.envs import LocalWorkerEnv
+    from workers.loop import run_training
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(minutes=5))

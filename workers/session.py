@@ -36,8 +36,18 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from compressors import GradientSync
 from compressors.base import from_spec
 from planning import registry
+from planning.config import TrainConfig
 from planning.controller import decision_for
-from planning.protocol import EXTERNAL_DATASET, CompressionConfig, Decision, TrainConfig, is_import_path
+from planning.protocol import Decision
+from planning.sections import (
+    EXTERNAL_DATASET,
+    CheckpointConfig,
+    CompressionConfig,
+    DataConfig,
+    ModelConfig,
+    ProbingConfig,
+    is_import_path,
+)
 from planning.spec import make_spec
 from workers.control import (
     CoordinatorClient,
@@ -48,8 +58,8 @@ from workers.control import (
     TelemetrySink,
 )
 from workers.link_estimate import LinkEstimate
-from workers.loop import _Reporter
 from workers.probe import DEFAULT_SIZES, PROBE_STOP_FACTOR, PROBE_TRANSFER_S, probe_link
+from workers.reporter import Reporter
 from workers.timing import StepTimer
 
 log = logging.getLogger(__name__)
@@ -101,10 +111,10 @@ class TrainingSession:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.source, self.steps = source, steps
         self.timer = StepTimer(device)
-        self.agreement = SwitchAgreement(cfg.sync_every, group=dist.new_group(backend="gloo")
+        self.agreement = SwitchAgreement(cfg.compression.sync_every, group=dist.new_group(backend="gloo")
                                          if dist.get_backend() != "gloo" else None)
         self.agreement.version = 0
-        self.reporter = _Reporter(cfg, _Where(self.rank, self.world_size, device), sync, source, sinks, steps)  # type: ignore[arg-type]
+        self.reporter = Reporter(cfg, _Where(self.rank, self.world_size, device), sync, source, sinks, steps)  # type: ignore[arg-type]
         self.step_index = 0
         self.switches: list[dict[str, Any]] = []
         self.closed = False
@@ -223,10 +233,14 @@ def start(model: nn.Module, *, device: torch.device, wrap: Callable[[nn.Module],
     params = {"rank": rank} if rank is not None else {}
     compression_cfg = compression_config(compression, **params)
     ddp = model if isinstance(model, DistributedDataParallel) else wrap(model)
-    cfg = TrainConfig(name=name, model=_model_path(ddp.module), dataset=EXTERNAL_DATASET, external=True,
-                      workers=dist.get_world_size(), steps=steps, batch_size=batch_size, compression=compression_cfg,
-                      sync_every=sync_every, report_interval_s=report_interval_s, probe_interval_s=probe_interval_s,
-                      bucket_cap_mb=bucket_cap_mb, checkpoint_every=0)
+    cfg = TrainConfig(
+        name=name, external=True, workers=dist.get_world_size(), steps=steps,
+        model=ModelConfig(name=_model_path(ddp.module)),
+        data=DataConfig(dataset=EXTERNAL_DATASET, batch_size=batch_size),
+        compression=CompressionConfig.model_validate(
+            {**compression_cfg.model_dump(exclude_unset=True), "sync_every": sync_every, "bucket_cap_mb": bucket_cap_mb}),
+        probing=ProbingConfig(interval_s=probe_interval_s, report_interval_s=report_interval_s),
+        checkpoints=CheckpointConfig(every=0))
     first = make_spec(compression_cfg.compressor, **compression_cfg.compressor_params())
     sync = GradientSync(from_spec(first)).install(ddp)
     initial = decision_for(first, 0, "initial choice of the script")
@@ -260,8 +274,8 @@ def register(url: str, cfg: TrainConfig, steps: int | None, token: str | None = 
     """Create an external job for this run on the coordinator at ``url``; returns its link."""
     import httpx
 
-    spec = cfg.model_dump(mode="json", include={"name", "model", "dataset", "external", "workers",
-                                                 "batch_size", "compression", "sync_every", "report_interval_s"})
+    spec = cfg.model_dump(mode="json", include={"name", "external", "workers", "model", "data", "compression",
+                                                 "probing"})
     spec["steps"] = steps or UNKNOWN_STEPS
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + timeout_s

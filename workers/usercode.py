@@ -1,6 +1,6 @@
 """The user's own model, data and loss, named in a job by import path (``package.module:factory``).
 
-The coordinator only checks the form of a path (:func:`planning.protocol.is_import_path`);
+The coordinator only checks the form of a path (:func:`planning.sections.is_import_path`);
 the code is imported here, inside the job's Ray processes, where the job's ``runtime_env``
 (``working_dir``, ``py_modules``, ``pip``) has put it on ``sys.path``. Every failure is a
 :class:`UserCodeError` whose message names the job field, the path and the error, so a job
@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from planning.protocol import TrainConfig, is_import_path
+from planning.config import TrainConfig
+from planning.sections import is_import_path
 
 
 class UserCodeError(ValueError):
@@ -111,24 +112,24 @@ def build_workload(cfg: TrainConfig) -> Workload:
     from workers.data import build_dataset, input_spec
     from workers.models import build_model
 
-    loss_fn = build_user_loss(cfg.loss) if cfg.loss else cross_entropy
-    if cfg.user_dataset:
-        train_set, test_set = build_user_datasets(cfg.dataset, cfg.seed)
-        return Workload(build_user_model(cfg.model), train_set, test_set, loss_fn)
-    shape_as = "cnn" if cfg.user_model else cfg.model
-    options = dict(seq_len=cfg.seq_len, image_size=cfg.image_size)
-    if cfg.user_model:
-        model = build_user_model(cfg.model)
+    loss_fn = build_user_loss(cfg.model.loss) if cfg.model.loss else cross_entropy
+    if cfg.data.user_code:
+        train_set, test_set = build_user_datasets(cfg.data.dataset, cfg.seed)
+        return Workload(build_user_model(cfg.model.name), train_set, test_set, loss_fn)
+    shape_as = "cnn" if cfg.model.user_code else cfg.model.name
+    options = dict(seq_len=cfg.data.seq_len, image_size=cfg.data.image_size)
+    if cfg.model.user_code:
+        model = build_user_model(cfg.model.name)
     else:
-        model = build_model(cfg.model, **input_spec(cfg.model, cfg.dataset, **options))
-    train_set = build_dataset(cfg.dataset, model=shape_as, split="train", seed=cfg.seed, **options)
-    test_set = build_dataset(cfg.dataset, model=shape_as, split="test", seed=cfg.seed, **options)
+        model = build_model(cfg.model.name, **input_spec(cfg.model.name, cfg.data.dataset, **options))
+    train_set = build_dataset(cfg.data.dataset, model=shape_as, split="train", seed=cfg.seed, **options)
+    test_set = build_dataset(cfg.data.dataset, model=shape_as, split="test", seed=cfg.seed, **options)
     return Workload(model, train_set, test_set, loss_fn)
 
 
 def check_importable(cfg: TrainConfig) -> None:
     """Import every user factory of ``cfg`` (without calling it): the job's runner calls this
     before starting workers, so a path that does not import fails the job at once."""
-    for field, path in (("model", cfg.model), ("dataset", cfg.dataset), ("loss", cfg.loss)):
+    for field, path in (("model", cfg.model.name), ("dataset", cfg.data.dataset), ("loss", cfg.model.loss)):
         if path and is_import_path(path):
             load(path, field)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from benchmarks.adaptive.scenarios import POLL_S, Phase, boundaries
 from benchmarks.repo import REPO_ROOT, module_command, repo_env
 from benchmarks.testbed import Testbed, TestbedError, worker_env
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 
 
 @dataclass
@@ -119,11 +119,11 @@ class HeldOut:
         from workers.models import build_model
 
         self.cfg = cfg
-        inputs = input_spec(cfg.model, cfg.dataset, seq_len=cfg.seq_len, image_size=cfg.image_size)
-        self.model = build_model(cfg.model, **inputs)
+        inputs = input_spec(cfg.model.name, cfg.data.dataset, seq_len=cfg.data.seq_len, image_size=cfg.data.image_size)
+        self.model = build_model(cfg.model.name, **inputs)
         self.model.eval()
-        test_set = build_dataset(cfg.dataset, model=cfg.model, split="test", seed=cfg.seed, seq_len=cfg.seq_len,
-                                 image_size=cfg.image_size)
+        test_set = build_dataset(cfg.data.dataset, model=cfg.model.name, split="test", seed=cfg.seed, seq_len=cfg.data.seq_len,
+                                 image_size=cfg.data.image_size)
         # Loaded once: every checkpoint is evaluated on the very same tensors (the first
         # ``samples`` of the split: 512 keeps 20 evaluations of a run under a minute on this
         # shared 2-core machine).

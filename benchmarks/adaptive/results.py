@@ -58,7 +58,7 @@ def running_over_estimate(reports: Sequence[dict[str, Any]]) -> list[float]:
     for report in reports:
         label, error = step_label(report), report.get("compression_error")
         estimate = (report.get("compression_error_estimates") or {}).get(label)
-        if report.get("rank") and error is not None and estimate and estimate > 0.05:
+        if report.get("compressor_rank") and error is not None and estimate and estimate > 0.05:
             out.append(round(error / estimate, 3))
     return out
 
@@ -66,8 +66,8 @@ def running_over_estimate(reports: Sequence[dict[str, Any]]) -> list[float]:
 def step_label(report: dict[str, Any]) -> str:
     """Telemetry's compressor as a label (``acpsgd-r4``)."""
     name = report.get("compressor") or "?"
-    if report.get("rank"):
-        return f"{name}-r{report['rank']}"
+    if report.get("compressor_rank"):
+        return f"{name}-r{report['compressor_rank']}"
     if report.get("ratio"):
         return f"{name}-{report['ratio']:g}"
     return name

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 
 FIXED_CHOICES = ("none", "fp16", "powersgd-r4", "acpsgd-r4", "acpsgd-r16", "topk-0.01", "signsgd")
 #: The policy with every bound at its default (all compressors, ranks 1..64).

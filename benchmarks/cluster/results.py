@@ -46,7 +46,7 @@ def prometheus_record(url: str, job_id: str, start: float, end: float, step_s: f
 
 
 def _info_label(metric: dict[str, str]) -> str:
-    name, rank = metric.get("compressor", "?"), metric.get("rank", "")
+    name, rank = metric.get("compressor", "?"), metric.get("compressor_rank", "")
     try:
         return label_of(name, {"rank": int(rank)} if rank not in ("", "0", "None") and name in ("powersgd", "acpsgd") else {})
     except ValueError:
@@ -123,7 +123,7 @@ def scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print) -> di
     summary = client.job(doc["job_id"]).get("summary") or {}
     client.close()
     doc["ranks_switch_at_the_same_step"] = ranks_agree(summary) if opts.kill_node_at is None else None
-    doc["summary"] = {k: summary.get(k) for k in ("steps", "final_loss", "start_step", "world_size", "compressor", "rank")}
+    doc["summary"] = {k: summary.get(k) for k in ("steps", "final_loss", "start_step", "world_size", "compressor", "compressor_rank")}
     doc["foreign_cores"] = load.get("foreign_cores")
     doc["cluster"] = {"nodes": cluster.nodes, "cpus_per_node": 1, "machine_cores": os.cpu_count()}
     doc["verdict"] = verdict(doc, opts)

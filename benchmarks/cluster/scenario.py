@@ -231,7 +231,7 @@ def phase_report(telemetry: list[dict[str, Any]], schedule: Sequence[Phase], swi
 
 
 def _telemetry_label(t: dict[str, Any]) -> str:
-    params = {k: t[k] for k in ("rank", "ratio") if t.get(k)}
+    params = {k: t[field] for k, field in (("rank", "compressor_rank"), ("ratio", "ratio")) if t.get(field)}
     try:
         return label_of(t["compressor"], params)
     except ValueError:

@@ -60,7 +60,7 @@ function jobRow(job) {
   const tr = document.createElement("tr");
   tr.dataset.id = job.id;
   const cells = [job.id, job.name, job.state, `${job.step}/${job.steps ?? "?"}`, fmt(job.loss),
-                 compressorLabel(job.compressor, job.rank, job.ratio), gbps(job.bandwidth_bytes_per_second)];
+                 compressorLabel(job.compressor, job.compressor_rank, job.ratio), gbps(job.bandwidth_bytes_per_second)];
   cells.forEach((text, i) => {
     const td = document.createElement("td");
     td.textContent = text;
@@ -115,7 +115,7 @@ function render() {
   const step = job.step_seconds;
   const facts = [
     ["state", job.state], ["step", `${job.step} / ${job.steps ?? "?"}`], ["loss", fmt(job.loss, 4)],
-    ["compressor", compressorLabel(job.compressor, job.rank, job.ratio)],
+    ["compressor", compressorLabel(job.compressor, job.compressor_rank, job.ratio)],
     ["bandwidth", gbps(job.bandwidth_bytes_per_second)],
     ["latency", job.latency_seconds ? `${fmt(job.latency_seconds * 1e3)} ms` : "–"],
     ["samples/s", fmt(job.samples_per_second)], ["step time", step ? `${fmt(step * 1e3)} ms` : "–"],
@@ -241,7 +241,7 @@ function drawPhases(svg, points) {
 function drawRank(svg, points) {
   const data = points.filter((p) => p.compressor);
   if (!data.length) return empty(svg);
-  const rankOf = (p) => p.rank || 0;
+  const rankOf = (p) => p.compressor_rank || 0;
   const { x, y } = frame(svg, data[0].step, data[data.length - 1].step,
                          Math.max(1, ...data.map(rankOf)) * 1.2, (v) => `r${Math.round(v)}`);
   let d = "";
@@ -251,7 +251,7 @@ function drawRank(svg, points) {
   svg.append(el("path", { d, fill: "none", stroke: "#0f766e", "stroke-width": 2 }));
   let previous = null;
   data.forEach((p) => {
-    const label = compressorLabel(p.compressor, p.rank, p.ratio);
+    const label = compressorLabel(p.compressor, p.compressor_rank, p.ratio);
     if (label !== previous) {
       const nearRight = x(p.step) > W - 80;
       svg.append(el("text", { x: x(p.step) + (nearRight ? -2 : 2), y: Math.max(PAD.top + 10, y(rankOf(p)) - 4),

@@ -39,7 +39,7 @@ def test_live_page_shows_a_job_with_telemetry_and_updates(start_coordinator, pag
     assert " %" in decisions  # the predicted gain
 
     # a new report arrives over the event stream without reloading
-    report(url, job, 24, compressor="none", rank=None, bandwidth_bytes_per_second=40e9 / 8, loss=0.01)
+    report(url, job, 24, compressor="none", compressor_rank=None, bandwidth_bytes_per_second=40e9 / 8, loss=0.01)
     page.wait_for_function("document.querySelector('#job-facts').textContent.includes('24 / 40')", timeout=10_000)
     assert "none" in page.text_content("#chart-rank")
     assert page.locator("#chart-phases rect").count() >= 5 * 5

@@ -69,7 +69,7 @@ def test_every_query_has_data_for_reported_telemetry(coordinator, prometheus_for
             assert response.status_code == 200, response.text
             compressor, rank = PINNED["compressor"], PINNED["rank"]
         extra = {"profile": PROFILE} if i == 0 else {}
-        posted = report(coordinator.url, job, step, compressor=compressor, rank=rank, **extra)
+        posted = report(coordinator.url, job, step, compressor=compressor, compressor_rank=rank, **extra)
         assert posted.status_code == 200, posted.text
         time.sleep(0.6)  # > one scrape interval: each report lands in its own scrape
     _assert_dashboard_has_data(prom, job["id"], start)

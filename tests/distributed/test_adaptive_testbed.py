@@ -18,7 +18,7 @@ import pytest
 from benchmarks.adaptive import JobRun, Phase, run_job
 from benchmarks.machine import wait_for_quiet
 from benchmarks.testbed import Testbed
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 from workers.runner import rank_records
 
 COMPRESSING = ("acpsgd", "powersgd", "topk", "signsgd")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from planning.protocol import TrainConfig
+from planning.config import TrainConfig
 
 
 def progress_actor() -> tuple[str, Any]:

@@ -28,7 +28,7 @@ COMPRESSORS: dict[str, dict] = {
 CAST = {"fp16", "bf16"}
 #: Summary fields docs/step.md ("The run summary") promises (and the README's figures read).
 SUMMARY_FIELDS = {"steps", "final_loss", "samples_per_second", "phase_seconds", "bytes_sent_per_step",
-                  "compressor", "rank", "world_size", "switches"}
+                  "compressor", "compressor_rank", "world_size", "switches"}
 
 
 def model_shapes(model: str = "mlp", dataset: str = "synthetic") -> list[tuple[int, ...]]:

@@ -81,8 +81,8 @@ def test_a_ray_train_script_with_gradwire_trains_under_the_coordinator_and_follo
 
     done = httpx.get(f"{url}/v1/jobs/{job['id']}", timeout=5).json()
     assert done["state"] == "succeeded" and done["step"] == done["steps"] == 30 * 32, done
-    assert done["spec"]["external"] and done["spec"]["model"] == "gw_example.models:SpiralNet"
-    assert (done["compressor"], done["rank"]) == ("powersgd", 2)
+    assert done["spec"]["external"] and done["spec"]["model"]["name"] == "gw_example.models:SpiralNet"
+    assert (done["compressor"], done["compressor_rank"]) == ("powersgd", 2)
     for phase in STEP_PHASES:
         assert done["phase_seconds"][phase] > 0, phase
     history = history_of(url, job["id"])

@@ -6,7 +6,8 @@ from coordinator.decisions import DecisionLoop
 from coordinator.schemas import PinnedPolicy
 from planning.decision import Decision
 from planning.policy import PolicyConfig
-from planning.protocol import CompressionConfig, ModelProfile, Telemetry
+from planning.protocol import ModelProfile, Telemetry
+from planning.sections import CompressionConfig
 
 ADAPTIVE = CompressionConfig(mode="adaptive", compressor="acpsgd", rank=4)
 PROFILE = ModelProfile(shapes=[[1024, 1024], [1024]], forward_s=0.002, backward_s=0.004)

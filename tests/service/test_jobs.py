@@ -6,7 +6,7 @@ import httpx
 import pytest
 from support.api import ADAPTIVE_SPEC, ALL_PHASES, PROFILE, SMALLEST_SPEC, report, submit, telemetry, worker_headers
 
-STATUS_FIELDS = {"id", "name", "state", "step", "steps", "loss", "compressor", "rank",
+STATUS_FIELDS = {"id", "name", "state", "step", "steps", "loss", "compressor", "compressor_rank",
                  "bandwidth_bytes_per_second", "phase_seconds"}
 
 
@@ -34,7 +34,7 @@ def test_telemetry_updates_the_job_status(coordinator):
     assert status["state"] == "running"
     assert status["reason"] == "telemetry received"
     assert (status["step"], status["steps"], status["loss"]) == (7, 40, expected["loss"])
-    assert (status["compressor"], status["rank"]) == ("acpsgd", 4)
+    assert (status["compressor"], status["compressor_rank"]) == ("acpsgd", 4)
     assert status["bandwidth_bytes_per_second"] == 5e8
     assert status["phase_seconds"] == expected["phase_seconds"]
     assert status["step_seconds"] == pytest.approx(0.018)
@@ -43,7 +43,7 @@ def test_telemetry_updates_the_job_status(coordinator):
 def test_metrics_has_every_phase_of_the_job(coordinator):
     job = submit(coordinator.url)
     report(coordinator.url, job, 5)
-    report(coordinator.url, job, 10, compressor="powersgd", rank=8)
+    report(coordinator.url, job, 10, compressor="powersgd", compressor_rank=8)
     text = httpx.get(f"{coordinator.url}/metrics").text
     for phase in ALL_PHASES:
         assert f'gradwire_step_phase_seconds_count{{job="{job["id"]}",phase="{phase}"}} 2.0' in text
@@ -54,8 +54,8 @@ def test_metrics_has_every_phase_of_the_job(coordinator):
     assert f'gradwire_samples_per_second{{job="{jid}"}} 640.0' in text
     # 5 more steps at 12345 bytes per rank per step on 2 ranks
     assert f'gradwire_comm_bytes_total{{compressor="powersgd",job="{jid}"}} 123450.0' in text
-    assert f'gradwire_compressor_info{{compressor="powersgd",job="{jid}",rank="8"}} 1.0' in text
-    assert 'compressor="acpsgd",job="' + jid + '",rank="4"' not in text  # the old info series is gone
+    assert f'gradwire_compressor_info{{compressor="powersgd",compressor_rank="8",job="{jid}"}} 1.0' in text
+    assert 'compressor="acpsgd",compressor_rank="4",job="' + jid + '"' not in text  # the old info series is gone
     assert f'gradwire_step_seconds_count{{compressor="acpsgd",job="{jid}"}} 1.0' in text
     assert 'gradwire_jobs{state="running"} 1.0' in text
 
@@ -100,7 +100,7 @@ def test_history_is_downsampled(start_coordinator):
     job = submit(server.url)
     for step in range(1, 6):
         report(server.url, job, step)
-    report(server.url, job, 6, compressor="powersgd", rank=2)  # a change is always kept
+    report(server.url, job, 6, compressor="powersgd", compressor_rank=2)  # a change is always kept
     report(server.url, job, 40)  # so is the last step
     points = httpx.get(f"{server.url}/v1/jobs/{job['id']}/history").json()["telemetry"]
     assert [p["step"] for p in points] == [1, 6, 40]

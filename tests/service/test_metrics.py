@@ -50,7 +50,7 @@ def test_compression_error_is_exported_by_compressor_and_bounded_at_the_door():
     from pydantic import ValidationError
 
     metrics = CoordinatorMetrics(lambda: {}, grace_s=60)
-    report = Telemetry(**telemetry(5, compressor="acpsgd", rank=4, compression_error=0.42,
+    report = Telemetry(**telemetry(5, compressor="acpsgd", compressor_rank=4, compression_error=0.42,
                                    compression_error_estimates={"acpsgd-r4": 0.4, "none": 0.0}))
     metrics.observe_report("j", report, previous_step=0, shapes=None)
     text = generate_latest(metrics.registry).decode()

@@ -134,7 +134,7 @@ def test_real_job_submitted_over_http_succeeds(serve):
     done = wait_state(coordinator.url, job["id"], TERMINAL, timeout_s=200)
     assert done["state"] == "succeeded", done
     assert done["step"] == 40 and done["loss"] is not None
-    for key in ("steps", "final_loss", "samples_per_second", "phase_seconds", "compressor", "rank",
+    for key in ("steps", "final_loss", "samples_per_second", "phase_seconds", "compressor", "compressor_rank",
                 "world_size", "switches"):
         assert key in done["summary"], key
     history = httpx.get(f"{coordinator.url}/v1/jobs/{job['id']}/history").json()

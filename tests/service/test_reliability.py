@@ -184,7 +184,7 @@ def test_a_blank_or_padded_token_is_refused_at_start(tmp_path, token):
         ({"step": 2**64 + 5}, ["body", "step"]),
         ({"world_size": 2**63}, ["body", "world_size"]),
         ({"steps": 2**70}, ["body", "steps"]),
-        ({"rank": -1}, ["body", "rank"]),
+        ({"compressor_rank": -1}, ["body", "compressor_rank"]),
         ({"compressor": "gzip; drop table jobs"}, ["body", "compressor"]),
         ({"ratio": 3.0}, ["body", "ratio"]),
         ({"decision_version": -1}, ["body", "decision_version"]),

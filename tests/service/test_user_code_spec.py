@@ -16,16 +16,16 @@ USER_SPEC = {**SMALLEST_SPEC, "name": "mine", "model": "nowhere_pkg.models:make_
 @pytest.mark.parametrize(
     ("changes", "loc", "msg"),
     [
-        ({"model": "nowhere_pkg..models:make"}, ["body", "model"],
+        ({"model": "nowhere_pkg..models:make"}, ["body", "model", "name"],
          "Value error, import path 'nowhere_pkg..models:make' is malformed: write 'package.module:factory' "
          "(dotted Python identifiers, one colon)"),
-        ({"model": "nowhere_pkg.models:make:model"}, ["body", "model"],
+        ({"model": "nowhere_pkg.models:make:model"}, ["body", "model", "name"],
          "Value error, import path 'nowhere_pkg.models:make:model' is malformed: write 'package.module:factory' "
          "(dotted Python identifiers, one colon)"),
-        ({"dataset": "nowhere_pkg/data:make"}, ["body", "dataset"],
+        ({"dataset": "nowhere_pkg/data:make"}, ["body", "data", "dataset"],
          "Value error, import path 'nowhere_pkg/data:make' is malformed: write 'package.module:factory' "
          "(dotted Python identifiers, one colon)"),
-        ({"loss": "cross_entropy"}, ["body", "loss"],
+        ({"loss": "cross_entropy"}, ["body", "model", "loss"],
          "Value error, import path 'cross_entropy' is malformed: write 'package.module:factory' "
          "(dotted Python identifiers, one colon)"),
         ({"runtime_env": {"conda": "env.yaml"}}, ["body", "runtime_env", "conda"], "Extra inputs are not permitted"),
@@ -52,7 +52,8 @@ def test_a_user_dataset_with_a_built_in_model_is_refused(coordinator):
 def test_well_formed_paths_are_stored_as_given_and_never_imported(coordinator):
     job = submit(coordinator.url, USER_SPEC)
     spec = job_of(coordinator.url, job["id"])["spec"]
-    assert (spec["model"], spec["dataset"], spec["loss"]) == (USER_SPEC["model"], USER_SPEC["dataset"], USER_SPEC["loss"])
+    assert (spec["model"]["name"], spec["data"]["dataset"], spec["model"]["loss"]) == (
+        USER_SPEC["model"], USER_SPEC["dataset"], USER_SPEC["loss"])
     assert spec["runtime_env"] == {"working_dir": "/srv/my-code", "py_modules": None, "pip": None,
                                    "env_vars": {"MY_FLAG": "1"}}
     assert "nowhere_pkg" not in sys.modules  # the coordinator checked the form only
@@ -60,8 +61,8 @@ def test_well_formed_paths_are_stored_as_given_and_never_imported(coordinator):
 
 def test_defaults_checkpoint_and_survive_failures(coordinator):
     spec = job_of(coordinator.url, submit(coordinator.url)["id"])["spec"]
-    assert spec["checkpoint_every"] is None  # chosen from the run's length by the workers
-    assert spec["max_failures"] == 3
+    assert spec["checkpoints"]["every"] is None  # chosen from the run's length by the workers
+    assert spec["checkpoints"]["max_failures"] == 3
 
 
 def test_a_new_worker_group_is_recorded_as_a_restart(coordinator):

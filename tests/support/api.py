@@ -27,7 +27,7 @@ def telemetry(step: int, **overrides: Any) -> dict[str, Any]:
         "phase_seconds": {"data": 0.001, "forward": 0.004, "backward": 0.009, "exposed_comm": 0.003,
                           "optimizer": 0.001, "compress": 0.0005, "communicate": 0.002, "decompress": 0.0004},
         "bytes_sent_per_step": 12345.0, "bandwidth_bytes_per_second": 5e8, "latency_seconds": 2e-4,
-        "compressor": "acpsgd", "rank": 4, "world_size": 2, "decision_version": 0,
+        "compressor": "acpsgd", "compressor_rank": 4, "world_size": 2, "decision_version": 0,
     }
     report.update(overrides)
     return report

@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 
-from planning.protocol import Decision, ModelProfile, Telemetry, TrainConfig
+from planning.config import TrainConfig
+from planning.protocol import Decision, ModelProfile, Telemetry
 
 STEP_S = 0.05
 #: Sent with the first report, as the real rank 0 does; at the reported 40 Gb/s the policy
@@ -24,7 +25,7 @@ def run_job(config: TrainConfig, *, storage_path: str | None = None, resume: boo
     headers = {"Authorization": f"Bearer {config.job_token}"}
     base = f"{config.coordinator_url}/v1/jobs/{config.job_id}"
     decision = Decision(version=0, compressor=config.compression.compressor,
-                        params={"rank": config.compression.rank or 4} if config.compression.rank else {})
+                        params={"rank": config.compression.compressor_rank} if config.compression.compressor_rank else {})
     steps = config.steps or 100
     switches: list[dict[str, Any]] = []
     last_report = 0.0
@@ -36,15 +37,15 @@ def run_job(config: TrainConfig, *, storage_path: str | None = None, resume: boo
             loss *= 0.99
             if config.name == "fail-me" and step == 5:
                 raise RuntimeError("boom at step 5")
-            if time.monotonic() - last_report >= config.report_interval_s or step == steps:
+            if time.monotonic() - last_report >= config.probing.report_interval_s or step == steps:
                 last_report = time.monotonic()
                 telemetry = Telemetry(
-                    step=step, steps=steps, loss=loss, samples_per_second=config.batch_size / STEP_S,
+                    step=step, steps=steps, loss=loss, samples_per_second=config.data.batch_size / STEP_S,
                     phase_seconds={"data": 0.002, "forward": 0.01, "backward": 0.02, "exposed_comm": 0.01,
                                    "optimizer": 0.003, "compress": 0.001, "communicate": 0.008,
                                    "decompress": 0.001},
                     bytes_sent_per_step=1e5, bandwidth_bytes_per_second=5e9, latency_seconds=1e-4,
-                    compressor=decision.compressor, rank=decision.params.get("rank"),
+                    compressor=decision.compressor, compressor_rank=decision.params.get("rank"),
                     world_size=config.min_workers, decision_version=decision.version,
                     profile=None if profile_sent else PROFILE,
                 )
@@ -60,6 +61,6 @@ def run_job(config: TrainConfig, *, storage_path: str | None = None, resume: boo
                             decision = new
                 except httpx.HTTPError:
                     pass  # coordinator away: keep training with the last decision
-    return {"steps": steps, "final_loss": loss, "samples_per_second": config.batch_size / STEP_S,
+    return {"steps": steps, "final_loss": loss, "samples_per_second": config.data.batch_size / STEP_S,
             "phase_seconds": {"forward": 0.01}, "compressor": decision.compressor,
-            "rank": decision.params.get("rank"), "world_size": config.min_workers, "switches": switches}
+            "compressor_rank": decision.params.get("rank"), "world_size": config.min_workers, "switches": switches}

@@ -9,14 +9,14 @@ from benchmarks import adaptive, calibration
 def test_the_calibration_defaults_build_a_job_that_probes_once() -> None:
     args = calibration.parse_args([])
     cfg = adaptive.train_config(args, calibration.pinned_compression("acpsgd-r4")[0], steps=10)
-    assert cfg.probe_interval_s == 86_400.0 and cfg.probe_budget == 0.02
-    assert cfg.compression.compressor == "acpsgd" and cfg.compression.rank == 4
+    assert cfg.probing.interval_s == 86_400.0 and cfg.probing.budget == 0.02
+    assert cfg.compression.compressor == "acpsgd" and cfg.compression.compressor_rank == 4
 
 
 def test_the_adaptive_defaults_build_a_job_with_the_scaled_policy_settings() -> None:
     args = adaptive.parse_args([])
     cfg = adaptive.train_config(args, adaptive.compression_of(adaptive.ADAPTIVE, args), steps=10)
-    assert cfg.probe_budget == 0.05 and cfg.probe_interval_s == 2.0
+    assert cfg.probing.budget == 0.05 and cfg.probing.interval_s == 2.0
     # The policy's DEFAULT bounds (issue 14: no per-model tuning), only the dwell scaled.
     assert (cfg.compression.min_dwell_s, cfg.compression.min_rank, cfg.compression.max_rank) == (2.0, 1, 64)
     assert cfg.compression.allowed is None or len(cfg.compression.allowed) == 7

@@ -1,4 +1,4 @@
-"""workers.loop.calibrate_codecs: the worker's encode+decode calibration for the cost model."""
+"""workers.calibration.calibrate_codecs: the worker's encode+decode calibration for the cost model."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import itertools
 import pytest
 import torch
 
+from planning.config import TrainConfig
 from planning.costmodel import build_bucket_layout, codec_work
-from planning.protocol import TrainConfig
 from planning.spec import make_spec
-from workers import loop
+from workers import calibration
+from workers.calibration import calibrate_codecs
 
 SHAPES = [(64, 32), (64,), (128, 64), (10, 128)]
 BUCKETS = build_bucket_layout(SHAPES, 20_000, first_bucket_bytes=None)
@@ -28,8 +29,8 @@ def test_every_allowed_compressor_is_timed_once_per_bucket_on_the_devices_clock(
         ticks = itertools.count()
         return lambda: float(next(ticks))
 
-    monkeypatch.setattr(loop, "codec_clock", ticking_clock)
-    seconds, per_element = loop.calibrate_codecs(SHAPES, BUCKETS, CONFIG, world_size=4)
+    monkeypatch.setattr(calibration, "codec_clock", ticking_clock)
+    seconds, per_element = calibrate_codecs(SHAPES, BUCKETS, CONFIG, world_size=4)
     assert len(BUCKETS) > 1
     assert devices == [torch.device("cpu")]
     acp = make_spec("acpsgd", rank=4)
@@ -39,6 +40,6 @@ def test_every_allowed_compressor_is_timed_once_per_bucket_on_the_devices_clock(
 
 
 def test_a_real_calibration_measures_positive_seconds_for_each_family():
-    seconds, per_element = loop.calibrate_codecs(SHAPES, BUCKETS, CONFIG, world_size=2)
+    seconds, per_element = calibrate_codecs(SHAPES, BUCKETS, CONFIG, world_size=2)
     assert len(seconds) == 3 and all(s > 0 for s in seconds.values())
     assert set(per_element) <= {"none", "signsgd", "acpsgd"} and all(v > 0 for v in per_element.values())

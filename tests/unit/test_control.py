@@ -17,7 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
 from harness import free_port, run_ranks  # noqa: E402
 
-from planning.protocol import CompressionConfig, Decision, ModelProfile, Telemetry  # noqa: E402
+from planning.protocol import Decision, ModelProfile, Telemetry  # noqa: E402
+from planning.sections import CompressionConfig  # noqa: E402
 from workers.control import CallbackSink, CoordinatorClient, InProcessPolicy, ListSink, SwitchAgreement  # noqa: E402
 
 
@@ -124,7 +125,7 @@ class FakeCoordinator:
 
 
 def telemetry(step: int) -> Telemetry:
-    return Telemetry(step=step, steps=100, loss=2.0 / (step + 1), compressor="acpsgd", rank=4, world_size=2,
+    return Telemetry(step=step, steps=100, loss=2.0 / (step + 1), compressor="acpsgd", compressor_rank=4, world_size=2,
                      phase_seconds={"forward": 0.01, "backward": 0.02})
 
 

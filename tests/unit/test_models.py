@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from planning import protocol
+from planning import sections
 from workers.models import MODEL_NAMES, build_model, count_parameters, default_num_classes, parameter_shapes
 
 #: torchvision's counts with ImageNet heads (num_classes=1000).
@@ -34,8 +34,8 @@ def _numel(shapes: list[tuple[int, ...]]) -> int:
     return sum(math.prod(shape) for shape in shapes)
 
 
-def test_model_names_match_protocol() -> None:
-    assert MODEL_NAMES == protocol.MODEL_NAMES
+def test_model_names_match_the_job_config() -> None:
+    assert MODEL_NAMES == sections.MODEL_NAMES
 
 
 @pytest.mark.parametrize("name", sorted(TORCHVISION_COUNTS))

@@ -23,7 +23,8 @@ from coordinator.settings import Settings  # noqa: E402
 from coordinator.store import Store  # noqa: E402
 from planning.decision import Decision  # noqa: E402
 from planning.policy import PolicyConfig  # noqa: E402
-from planning.protocol import CompressionConfig, ModelProfile, Telemetry  # noqa: E402
+from planning.protocol import ModelProfile, Telemetry  # noqa: E402
+from planning.sections import CompressionConfig  # noqa: E402
 from planning.spec import make_spec  # noqa: E402
 from workers.control import InProcessPolicy  # noqa: E402
 

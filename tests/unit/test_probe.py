@@ -258,8 +258,8 @@ def test_passive_validates_smoothing() -> None:
 
 @pytest.mark.parametrize("budget", [0.0, 1.0, -0.1])
 def test_a_jobs_probe_budget_must_be_a_fraction(budget: float) -> None:
-    from planning.protocol import TrainConfig
+    from planning.config import TrainConfig
 
-    with pytest.raises(ValueError, match="probe_budget"):
+    with pytest.raises(ValueError, match="probing.budget"):
         TrainConfig(probe_budget=budget)
-    assert TrainConfig().probe_budget == 0.02
+    assert TrainConfig().probing.budget == 0.02

@@ -181,7 +181,7 @@ def test_the_worker_report_carries_the_running_compressor_label():
     from planning.controller import policy_measurements
     from planning.protocol import Telemetry
 
-    t = Telemetry(step=5, bandwidth_bytes_per_second=MBIT50, compressor="acpsgd", rank=8, compression_error=0.6,
+    t = Telemetry(step=5, bandwidth_bytes_per_second=MBIT50, compressor="acpsgd", compressor_rank=8, compression_error=0.6,
                   compression_error_estimates={"acpsgd-r8": 0.2})
     m = policy_measurements(t, PROFILE, make_spec("acpsgd", rank=8))
     assert m.running_error == ("acpsgd-r8", 0.6) and m.errors == {"acpsgd-r8": 0.2}

@@ -164,7 +164,7 @@ def test_the_hook_measures_the_running_error_and_samples_gradients(one_process_g
 
 
 def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group):
-    from planning.protocol import TrainConfig
+    from planning.config import TrainConfig
     from workers.quality import QualitySignal
 
     torch.manual_seed(0)

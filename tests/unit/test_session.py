@@ -12,7 +12,7 @@ from support.servers import wait_for
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from planning.protocol import CompressionConfig
+from planning.sections import CompressionConfig
 from workers.session import JobLink, compression_config, start
 
 

@@ -6,7 +6,8 @@ import textwrap
 import pytest
 import torch
 
-from planning.protocol import TrainConfig, auto_checkpoint_every
+from planning.config import TrainConfig
+from planning.sections import auto_checkpoint_every
 from workers.usercode import UserCodeError, build_workload, check_importable, load
 
 
@@ -114,5 +115,5 @@ def test_check_importable_imports_without_calling(user_package):
 @pytest.mark.parametrize(("steps", "every"), [(1, 1), (9, 1), (40, 4), (100, 10), (101, 11), (5000, 500), (10**6, 500)])
 def test_the_default_checkpoint_interval(steps, every):
     assert auto_checkpoint_every(steps) == every
-    assert config(steps=steps).checkpoint_interval(steps) == every
-    assert config(steps=steps, checkpoint_every=0).checkpoint_interval(steps) == 0
+    assert config(steps=steps).checkpoints.interval(steps) == every
+    assert config(steps=steps, checkpoint_every=0).checkpoints.interval(steps) == 0

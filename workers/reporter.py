@@ -1,0 +1,193 @@
+"""Rank 0's reporter: link estimates, phase means, the model profile, and the decision proposal.
+
+After every step it feeds the passive bandwidth estimate from the hook's own timings; every
+``probing.report_interval_s`` it builds one :class:`~planning.protocol.Telemetry` and hands it
+to the decision source and the sinks (the coordinator, the live progress). It also says when
+an active link probe is due, within the job's probe budget. Used by the built-in loop
+(``workers.loop``) and by a user's own loop (``workers.session``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from compressors import GradientSync
+from planning import registry
+from planning.config import TrainConfig
+from planning.costmodel import build_bucket_layout
+from planning.protocol import Decision, ModelProfile, Telemetry
+from workers.calibration import calibrate_codecs
+from workers.control import DecisionSource, TelemetrySink
+from workers.envs import WorkerEnv
+from workers.link_estimate import LinkEstimate
+from workers.passive_bandwidth import PassiveBandwidth
+from workers.probe import sized_probe
+from workers.probe_scheduler import ProbeScheduler
+from workers.quality import QualitySignal
+from workers.scripted import ScriptedDecisions
+from workers.timing import StepTimer
+
+#: Rank 0's passive bandwidth estimate takes the fastest of this many consecutive steps'
+#: collectives: the others include waiting for the peer (see PassiveBandwidth.min_of_last).
+PASSIVE_MIN_OF_LAST = 4
+
+
+class Reporter:
+    """Rank 0's telemetry: link estimates, phase means, profile, and the decision proposal."""
+
+    def __init__(self, cfg: TrainConfig, env: WorkerEnv, sync: GradientSync, source: DecisionSource,
+                 sinks: list[TelemetrySink], total_steps: int | None, *, resumed_from_step: int | None = None) -> None:
+        self.cfg, self.env, self.sync, self.source, self.sinks = cfg, env, sync, source, sinks
+        self.total_steps = total_steps
+        #: Names this worker group in its reports (new on every start or restart of the group).
+        self.worker_group = uuid.uuid4().hex[:12]
+        self.resumed_from_step = resumed_from_step
+        #: Samples per step on one rank; a user's loop (workers.session) sets it from its batches.
+        self.batch_size = cfg.data.batch_size
+        self.estimate = LinkEstimate.no_link()
+        self.passive = PassiveBandwidth(min_of_last=PASSIVE_MIN_OF_LAST)
+        self.scheduler = ProbeScheduler(probe_interval_s=cfg.probing.interval_s, max_cost_fraction=cfg.probing.budget)
+        self.started = time.monotonic()
+        self.next_report = 0.0
+        self.profile_sent = False
+        self.calibration: dict[str, float] = {}
+        self.per_element: dict[str, float] = {}
+        self._last_bytes = 0
+        #: Rank 0 measures the compression error (issue 14); other ranks do not report.
+        self.quality = QualitySignal(cfg, sync) if env.rank == 0 else None
+
+    def link(self, estimate: LinkEstimate) -> None:
+        self.estimate = estimate
+        if estimate.has_link:
+            # A fresh probe supersedes the passive history: restart the average from the
+            # probe's β, else bandwidth() would keep reporting the passive value from before
+            # (for ever, while the compressor sends payloads too small to observe).
+            self.passive = PassiveBandwidth(beta_s_per_byte=estimate.beta_s_per_byte, min_of_last=PASSIVE_MIN_OF_LAST)
+            self.passive.anchor(estimate)
+            self.scheduler.record(time.monotonic() - self.started, estimate.cost_s)
+
+    def probe_request(self) -> int:
+        """Rank 0: the large probe message's size if a probe is due now, else 0.
+
+        The probe is sized to the current estimate (:func:`workers.probe.sized_probe`), so it
+        costs about the same at any rate and fits the probe budget every few seconds.
+        """
+        if self.env.rank != 0 or self.env.world_size == 1:
+            return 0
+        elapsed = time.monotonic() - self.started
+        current, _ = self.bandwidth()
+        large = sized_probe(current)[1]
+        return large if self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost(large, current)) else 0
+
+    def _next_probe_cost(self, large_bytes: int, current: float | None) -> float:
+        """The last probe's cost, scaled by the bytes the next one moves and by how much the
+        link has slowed since (a probe of the same size takes ~20x as long at 50 Mbit/s as at
+        1 Gbit/s; budgeting it at the last fast probe's cost broke the budget)."""
+        cost = self.scheduler.last_cost_s
+        if self.estimate.probe_bytes:
+            cost *= large_bytes / self.estimate.probe_bytes
+        probed = self.estimate.bandwidth_bytes_per_second
+        if current and math.isfinite(probed) and current < probed:
+            cost *= probed / current
+        return cost
+
+    def proposal(self) -> Decision | None:
+        return self.source.current() if self.env.rank == 0 else None
+
+    def bandwidth(self) -> tuple[float | None, float | None]:
+        if not self.estimate.has_link:
+            return None, None
+        passive = self.passive.bytes_per_second
+        return (passive or self.estimate.bandwidth_bytes_per_second), self.estimate.latency_s
+
+    def after_step(self, step: int, loss: float, timer: StepTimer, model: torch.nn.Module) -> None:
+        last = self.sync.last_step()
+        if self.env.rank != 0:
+            return
+        if self.quality is not None:
+            self.quality.after_step()
+        if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
+            kind = registry.codec(self.sync.compressor.name).collective
+            self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
+        now = time.monotonic()
+        if isinstance(self.source, ScriptedDecisions):
+            self.source.step = step + 1
+        if now < self.next_report and (self.total_steps is None or step + 1 < self.total_steps):
+            return
+        self.next_report = now + self.cfg.probing.report_interval_s
+        telemetry = self._telemetry(step, loss, timer, model)
+        self.source.observe(telemetry)
+        for sink in self.sinks:
+            sink.send(telemetry)
+
+    def _telemetry(self, step: int, loss: float, timer: StepTimer, model: torch.nn.Module) -> Telemetry:
+        means = timer.means()
+        step_s = timer.mean_step_s()
+        stats = self.sync.stats()
+        spec = self.sync.compressor.spec
+        bandwidth, latency = self.bandwidth()
+        profile = None
+        if not self.profile_sent and len(timer.recent) >= 3:
+            profile = self._profile(model, means)
+            self.profile_sent = True
+        grad_norm = torch.linalg.vector_norm(
+            torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters() if p.grad is not None])
+        )
+        return Telemetry(
+            step=step + 1,
+            steps=self.total_steps,
+            loss=loss,
+            samples_per_second=(self.batch_size * self.env.world_size / step_s) if step_s > 0 else None,
+            phase_seconds=means,
+            bytes_sent_per_step=stats.bytes_sent / stats.steps if stats.steps else None,
+            bandwidth_bytes_per_second=bandwidth,
+            latency_seconds=latency,
+            link_wake_seconds=self.estimate.wake_s if self.estimate.has_link else None,
+            compute_jitter_seconds=timer.compute_jitter_s(),
+            grad_norm=float(grad_norm),
+            compression_error=self.quality.running_error if self.quality else None,
+            compression_error_estimates=self.quality.estimates if self.quality else {},
+            compressor=spec.name,
+            compressor_rank=spec.rank,
+            ratio=spec.ratio,
+            world_size=self.env.world_size,
+            decision_version=_version(self.source),
+            wall_time=time.time(),
+            profile=profile,
+            worker_group=self.worker_group,
+            resumed_from_step=self.resumed_from_step,
+        )
+
+    def _profile(self, model: torch.nn.Module, means: dict[str, float]) -> ModelProfile:
+        shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+        # DDP gives the first bucket 1 MiB only when bucket_cap_mb is left unset; this loop
+        # always sets it, so every bucket (the first too) has the same cap.
+        buckets = build_bucket_layout(shapes, self.cfg.compression.bucket_cap_mb * 2**20, first_bucket_bytes=None)
+        if self.cfg.compression.mode == "adaptive" and not self.calibration:
+            self.calibration, self.per_element = calibrate_codecs(shapes, buckets, self.cfg, self.env.world_size,
+                                                                  self.env.device)
+        return ModelProfile(
+            shapes=[list(s) for s in shapes],
+            buckets=[list(b) for b in buckets],
+            forward_s=means["forward"],
+            backward_s=max(0.0, means["backward"] - means["exposed_comm"]),
+            optimizer_s=means["optimizer"],
+            codec_s=self.calibration,
+            codec_per_element_s=self.per_element,
+            device=str(self.env.device),
+        )
+
+    def close(self, summary: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def _version(source: DecisionSource) -> int:
+    current = source.current()
+    return current.version if current else 0
+
