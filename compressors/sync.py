@@ -13,6 +13,7 @@ warning when a compressor would compress none of the model's gradients.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -115,6 +116,11 @@ class GradientSync(SyncCheckpoint):
         self._bucket_seq = 0
         self._warn_if_nothing_compressed(self._compressor)
         return self
+
+    @property
+    def trained_elements(self) -> int:
+        """Elements of all trained parameters (after :meth:`bind`; 0 before)."""
+        return sum(math.prod(shape) for shape in self._shapes or ())
 
     def hook(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """The communication hook for one bucket: a future of the bucket's mean gradient."""

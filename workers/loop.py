@@ -94,6 +94,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
         # 4. agree on the compressor (and a probe) at the same step on every rank
         if agreement.due(step):
             decision, probe_bytes = agreement.exchange(step, reporter.proposal(), reporter.probe_request())
+            reporter.quality.exchange(agreement.group)
             if decision is not None:
                 record.applied.append({"step": step, "version": decision.version,
                                        "compressor": decision.compressor, "params": decision.params})
@@ -122,8 +123,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     summary = _summary(cfg, env, sync, timer, total_steps, loss_value, switches, workload, device)
     summary["checkpoint_every"] = checkpoint_every
     summary["start_step"] = start_step
-    if reporter.quality is not None:  # the quality signal's cost (issue 14)
-        summary["quality_overhead"] = reporter.quality.overhead()
+    summary["quality_overhead"] = reporter.quality.overhead()  # the quality signal's cost (issue 14)
     if isinstance(source, InProcessPolicy):  # no coordinator: show that the policy ran, and why it chose
         summary["policy_decisions"], summary["policy_reason"] = source.evaluations, source.last_reason
     save(env, total_steps, model, optimizer, scheduler, sync, agreement, record, summary, final=True)

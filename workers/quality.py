@@ -1,10 +1,11 @@
-"""Rank 0's quality signal: the running compressor's error every step, candidates' estimates
-every few seconds within a share of the probe budget.
+"""The quality signal: the group's compression error at every decision exchange, and rank 0's
+estimates of the candidates every few seconds within a share of the probe budget.
 
-Glue between ``compressors.quality`` (the measurements, torch) and the telemetry: it hangs an
-:class:`~compressors.quality.ErrorMeter` on the job's ``GradientSync``, asks it for a sample
-of gradient matrices when an estimate is due, and times everything it does, so the summary
-can state the overhead (``overhead()``).
+Glue between ``compressors.quality`` (the measurements, torch) and the telemetry: every rank
+hangs an :class:`~compressors.quality.ErrorMeter` on the job's ``GradientSync`` (the group's
+error needs every rank's coordinates: :meth:`QualitySignal.exchange`, collective); rank 0
+asks its meter for a sample of gradient matrices when an estimate is due, and times
+everything it does, so the summary can state the overhead (``overhead()``).
 
 Why a budget: an estimate costs one ``svdvals`` per sampled matrix (0.1-0.3 s for BERT's
 largest on a CPU core); at a fixed step interval that would be a fixed share of a fast step
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import time
 
+import torch.distributed as dist
+
 from compressors import GradientSync
-from compressors.quality import ErrorMeter, estimate_errors
+from compressors.quality import ErrorMeter, estimate_errors, group_error
 from planning.config import TrainConfig
 from planning.controller import policy_config
 from planning.costmodel import candidates
@@ -30,13 +33,16 @@ ESTIMATE_BUDGET_SHARE = 0.5
 
 
 class QualitySignal:
-    """Measures rank 0's compression error; estimates candidates only for adaptive jobs."""
+    """Measures the group's compression error (on every rank); on rank 0 (``estimating``) of
+    an adaptive job, estimates the candidates."""
 
-    def __init__(self, cfg: TrainConfig, sync: GradientSync) -> None:
-        self.meter = ErrorMeter()
+    def __init__(self, cfg: TrainConfig, sync: GradientSync, *, estimating: bool = True) -> None:
+        self.meter = ErrorMeter(total_elements=sync.trained_elements or None)
         sync.error_meter = self.meter
         self.candidates: tuple[CompressorSpec, ...] = ()
-        if cfg.compression.mode == "adaptive":
+        self.exchange_s = 0.0
+        self.sync_every = cfg.compression.sync_every
+        if cfg.compression.mode == "adaptive" and estimating:
             config = policy_config(cfg.compression)
             self.candidates = candidates(config.allowed, config.min_rank, config.max_rank, config.topk_ratios)
         self.scheduler = ProbeScheduler(probe_interval_s=cfg.probing.interval_s,
@@ -62,13 +68,23 @@ class QualitySignal:
             self.meter.request_sample()
             self._requested = True
 
-    @property
-    def running_error(self) -> float | None:
-        return self.meter.last
+    def exchange(self, group: dist.ProcessGroup | None = None) -> None:
+        """Collective, every rank at the same step between steps (the decision exchange): the
+        group's error of the latest measured step (``compressors.quality.group_error``)."""
+        started = time.perf_counter()
+        group_error(self.meter, group)
+        self.meter.skip_coordinates(self.sync_every - 1)  # the next exchange reads the last step before it
+        self.exchange_s += time.perf_counter() - started
+
+    def running_error(self, label: str) -> float | None:
+        """The group's error from the latest exchange if compressor ``label`` ran the step it
+        measured (else None: a switch followed the exchange)."""
+        return self.meter.group_last if self.meter.group_label == label else None
 
     def overhead(self) -> dict[str, float]:
         """Seconds spent measuring, and their share of the run so far."""
         elapsed = max(1e-9, time.monotonic() - self.started)
-        total = self.meter.seconds + self.estimate_s
+        total = self.meter.seconds + self.estimate_s + self.exchange_s
         return {"meter_s": round(self.meter.seconds, 4), "estimate_s": round(self.estimate_s, 4),
+                "exchange_s": round(self.exchange_s, 4),
                 "estimates": self.scheduler.probes, "share_of_run": round(total / elapsed, 5)}

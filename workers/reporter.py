@@ -58,8 +58,9 @@ class Reporter:
         self.calibration: dict[str, float] = {}
         self.per_element: dict[str, float] = {}
         self._last_bytes = 0
-        #: Rank 0 measures the compression error (issue 14); other ranks do not report.
-        self.quality = QualitySignal(cfg, sync) if env.rank == 0 else None
+        #: Every rank meters the compression error (the group's needs all of them, issue 14);
+        #: rank 0 estimates the candidates and reports.
+        self.quality = QualitySignal(cfg, sync, estimating=env.rank == 0)
 
     def link(self, estimate: LinkEstimate) -> None:
         self.estimate = estimate
@@ -109,8 +110,7 @@ class Reporter:
         last = self.sync.last_step()
         if self.env.rank != 0:
             return
-        if self.quality is not None:
-            self.quality.after_step()
+        self.quality.after_step()
         if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
             kind = registry.codec(self.sync.compressor.name).collective
             self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
@@ -150,8 +150,8 @@ class Reporter:
             link_wake_seconds=self.estimate.wake_s if self.estimate.has_link else None,
             compute_jitter_seconds=timer.compute_jitter_s(),
             grad_norm=float(grad_norm),
-            compression_error=self.quality.running_error if self.quality else None,
-            compression_error_estimates=self.quality.estimates if self.quality else {},
+            compression_error=self.quality.running_error(spec.label),
+            compression_error_estimates=self.quality.estimates,
             compressor=spec.name,
             compressor_rank=spec.rank,
             ratio=spec.ratio,

@@ -183,6 +183,7 @@ class TrainingSession:
 
     def _agree(self, step: int) -> None:
         decision, probe_bytes = self.agreement.exchange(step, self.reporter.proposal(), self.reporter.probe_request())
+        self.reporter.quality.exchange(self.agreement.group)
         if decision is not None:
             spec = make_spec(decision.compressor, **decision.params)
             if spec != self.sync.compressor.spec:

@@ -179,9 +179,41 @@ def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group
         nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
         signal.after_step()
     assert set(signal.estimates) == {"none", "acpsgd-r8", "acpsgd-r4", "acpsgd-r2", "acpsgd-r1"}
-    assert signal.estimates["acpsgd-r1"] > signal.estimates["acpsgd-r8"] and signal.running_error == 0.0
+    assert signal.estimates["acpsgd-r1"] > signal.estimates["acpsgd-r8"]
+    assert signal.running_error("none") is None  # no exchange yet
+    signal.exchange()  # one rank: the group's error is the rank's own
+    assert signal.running_error("none") == 0.0 and signal.running_error("acpsgd-r4") is None  # not what ran
     overhead = signal.overhead()
     assert overhead["estimates"] >= 1 and overhead["estimate_s"] > 0 and 0 < overhead["share_of_run"] < 1
     fixed = QualitySignal(cfg.model_copy(update={"compression": cfg.compression.model_copy(update={"mode": "fixed"})}),
                           sync)
     assert fixed.candidates == () and (fixed.after_step() or fixed.estimates) == {}
+
+
+def test_a_lossy_candidate_the_sample_cannot_resolve_gets_no_estimate():
+    """One step's gradient of a linear layer has rank <= the batch: a rank at or above it
+    loses nothing on the sample, which is no evidence about the compressor's real error."""
+    gen = torch.Generator().manual_seed(5)
+    low_rank = torch.randn(64, 6, generator=gen) @ torch.randn(6, 96, generator=gen)  # rank 6
+    specs = [make_spec("acpsgd", rank=4), make_spec("acpsgd", rank=8), make_spec("none"), make_spec("fp16")]
+    errors = estimate_errors([low_rank], specs)
+    assert errors["acpsgd-r4"] > 0 and "acpsgd-r8" not in errors
+    assert errors["none"] == 0.0 and errors["fp16"] > 0
+    # a candidate that compresses nothing of the sample is exact there, and says so
+    assert estimate_errors([torch.randn(4, 4, generator=gen)], [make_spec("acpsgd", rank=8)]) == {"acpsgd-r8": 0.0}
+
+
+def test_coordinates_are_kept_only_for_the_step_an_exchange_reads():
+    compressor, meter = build("powersgd", rank=2), ErrorMeter(total_elements=sum(math.prod(s) for s in SHAPES.values()))
+    kept = []
+    meter.skip_coordinates(2)  # as after an exchange with sync_every = 3
+    for step in range(4):
+        buffer, slots = _bucket(step)
+        meter.bucket(slots, compressor)
+        run_in_lockstep([compressor.process(buffer, slots, 1)])
+        compressor.end_step()
+        meter.step_done(compressor)
+        kept.append(meter.coordinate_sample)
+    assert kept[0] is None and kept[1] is None  # skipped: nothing kept yet
+    assert kept[2] is not None and kept[3] is not None and kept[3] is not kept[2]  # then every step
+    assert kept[2].numel() == 2 * sum(max(1, round(1024 * math.prod(s) / meter.total_elements)) for s in SHAPES.values())
