@@ -56,9 +56,10 @@ class OutOfMemoryKill:
         found = re.search(rf"\bpid={self.pid}, actual memory used=(?P<gb>[\d.]+)GB", self.ray_message)
         return found["gb"] if found else None
 
-    def describe(self) -> str:
-        """One paragraph: out of memory, which worker, where, the node's memory, what to do."""
-        who = "a training worker" if self.rank is None else f"training worker rank {self.rank}"
+    def describe(self, victim: str | None = None) -> str:
+        """One paragraph: out of memory, which process (``victim``, by default the worker's
+        rank), where, the node's memory, what to do."""
+        who = victim or ("a process of this job" if self.rank is None else f"training worker rank {self.rank}")
         details = [f"pid {self.pid}"] if self.pid is not None else []
         if (gb := self.worker_gb()) is not None:
             details.append(f"{gb} GB resident")

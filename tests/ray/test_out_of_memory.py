@@ -6,7 +6,8 @@ now (``RAY_memory_usage_threshold``), so it kills the growing worker after a gig
 the real OOM path of Ray and Ray Train, without ever driving the machine near exhaustion
 (the model stops growing at a fixed cap, and the monitor acts only on this head's workers).
 The job must end failed with a reason that says out of memory, which worker, the node's
-memory figures and what to change, not "A worker health check failed".
+memory figures and what to change, not "A worker health check failed". The same for a job
+whose runner actor itself (the fake runner, holding memory) is the one killed.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from __future__ import annotations
 import re
 import textwrap
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
-from support.api import TERMINAL, job_of, post, wait_state
+from support.api import SMALLEST_SPEC, TERMINAL, job_of, post, wait_state
 from support.servers import CoordinatorProcess
 
 from coordinator import raylocal
@@ -25,6 +28,7 @@ from coordinator import raylocal
 pytestmark = pytest.mark.slow
 
 REAL = "workers.runner:run_job"
+FAKE = "tests.support.fake_runner:run_job"
 #: Above the baseline, room for the head, the coordinator, the job's runner, the Train
 #: controller and one idle worker (~3 GB measured) before the monitor fires.
 HEADROOM_BYTES = 3.5e9
@@ -79,20 +83,29 @@ def memory_hog(tmp_path: Path) -> tuple[Path, str]:
     return root, name
 
 
-@pytest.mark.timeout(360)
-def test_a_worker_killed_for_memory_fails_the_job_with_an_out_of_memory_reason(tmp_path, memory_hog):
-    working_dir, package = memory_hog
+@contextmanager
+def coordinator_with_memory_monitor(data_dir: Path, runner: str) -> Iterator[CoordinatorProcess]:
+    """A coordinator on its own local head, whose memory monitor fires ``HEADROOM_BYTES``
+    above what the machine uses now."""
     used, total = _used_fraction_and_total()
     threshold = used + HEADROOM_BYTES / total
     assert threshold < 0.8, f"the machine already uses {used:.0%} of its memory; not safe to run"
-    data_dir = tmp_path / "coordinator"
     coordinator = CoordinatorProcess(data_dir, env={
-        "GRADWIRE_LAUNCHER": "ray", "GRADWIRE_RUNNER": REAL, "GRADWIRE_RAY_PORT": str(raylocal.free_port()),
+        "GRADWIRE_LAUNCHER": "ray", "GRADWIRE_RUNNER": runner, "GRADWIRE_RAY_PORT": str(raylocal.free_port()),
         "GRADWIRE_RAY_NUM_CPUS": "2", "GRADWIRE_POLL_INTERVAL_S": "0.2", "GRADWIRE_HISTORY_INTERVAL_S": "0",
         # Read by the raylet of the coordinator's own head (it inherits this environment).
         "RAY_memory_usage_threshold": f"{threshold:.4f}", "RAY_memory_monitor_refresh_ms": "100"})
     try:
-        coordinator.start(timeout_s=180)
+        yield coordinator.start(timeout_s=180)
+    finally:
+        coordinator.stop()
+        raylocal.stop_head(data_dir)
+
+
+@pytest.mark.timeout(360)
+def test_a_worker_killed_for_memory_fails_the_job_with_an_out_of_memory_reason(tmp_path, memory_hog):
+    working_dir, package = memory_hog
+    with coordinator_with_memory_monitor(tmp_path / "coordinator", REAL) as coordinator:
         url = coordinator.url
         job = post(url, {
             "name": "hog", "model": f"{package}.factories:model", "dataset": f"{package}.factories:data",
@@ -109,6 +122,19 @@ def test_a_worker_killed_for_memory_fails_the_job_with_an_out_of_memory_reason(t
         assert "batch_size" in reason and "workers per node" in reason, reason  # what to change
         assert "health check" not in reason, reason
         assert job_of(url, job["id"])["step"] > 0  # it trained until the memory ran out
-    finally:
-        coordinator.stop()
-        raylocal.stop_head(data_dir)
+
+
+@pytest.mark.timeout(300)
+def test_a_runner_actor_killed_for_memory_fails_the_job_with_an_out_of_memory_reason(tmp_path):
+    # Ray answers calls to an actor its memory monitor killed with OutOfMemoryError (not a
+    # RayActorError), and soon forgets the dead actor's name: the reason used to be "runner
+    # actor job-… not found on the Ray cluster".
+    with coordinator_with_memory_monitor(tmp_path / "coordinator", FAKE) as coordinator:
+        url = coordinator.url
+        job = post(url, {**SMALLEST_SPEC, "name": "hog-memory", "steps": 2000, "workers": 1,
+                         "report_interval_s": 0.3})
+        failed = wait_state(url, job["id"], TERMINAL, timeout_s=150)
+        print("reason:", failed["reason"])
+        assert failed["state"] == "failed", (failed, coordinator.log())
+        assert failed["reason"].startswith("out of memory: Ray killed the job's runner actor on node "), failed
+        assert " used / " in failed["reason"] and "batch_size" in failed["reason"], failed

@@ -50,7 +50,7 @@ def test_a_controller_side_kill_and_an_unknown_message_format_still_say_out_of_m
     kill = out_of_memory_kill(error)
     assert kill is not None and kill.rank is None
     assert kill.describe().startswith(
-        "out of memory: Ray killed a training worker; Ray said: Task was killed: memory pressure. Use less memory")
+        "out of memory: Ray killed a process of this job; Ray said: Task was killed: memory pressure. Use less memory")
 
 
 def test_failures_that_are_not_about_memory_are_left_alone():
