@@ -35,12 +35,12 @@ _PID = re.compile(r"\bpid=(?P<pid>\d+)")
 
 
 class WorkerOutOfMemoryError(RuntimeError):
-    """A training worker was killed because its node ran out of memory (see :func:`describe`)."""
+    """A training worker was killed because its node ran out of memory (see :meth:`OutOfMemoryKill.describe`)."""
 
 
 @dataclass(frozen=True)
 class OutOfMemoryKill:
-    """What Ray said about one worker of the run killed for memory."""
+    """What Ray said about one process of the run (a worker, or the job's runner) killed for memory."""
 
     ray_message: str
     rank: int | None = None
