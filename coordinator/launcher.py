@@ -155,6 +155,9 @@ class RayLauncher:
         self._settings = settings
         self.status = "connecting"
         self.address: str | None = None
+        #: Handles of the runners this process launched or polled. A dead actor's name is gone
+        #: from Ray soon after it died, but its handle still answers with the cause of death.
+        self._handles: dict[str, Any] = {}
 
     def connect(self) -> None:
         """Join the configured cluster, or start/attach the embedded local head."""
@@ -221,19 +224,24 @@ class RayLauncher:
             get_if_exists=True, num_cpus=0, max_restarts=0, runtime_env=runtime_env,
             scheduling_strategy=here,
         ).remote(self._settings.runner, config.model_dump(mode="json"), self._settings.run_storage)
+        self._handles[job_id] = actor
         ray.get(actor.start.remote(), timeout=120)
 
     def _actor(self, job_id: str) -> Any | None:
         import ray
 
         try:
-            return ray.get_actor(self._name(job_id), namespace=self._settings.ray_namespace)
+            actor = ray.get_actor(self._name(job_id), namespace=self._settings.ray_namespace)
         except ValueError:
-            return None
+            return self._handles.get(job_id)
+        self._handles[job_id] = actor
+        return actor
 
     def poll(self, job_id: str) -> RunStatus:
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError
+        from ray.exceptions import GetTimeoutError, OutOfMemoryError, RayActorError
+
+        from workers.failure_cause import OutOfMemoryKill
 
         actor = self._actor(job_id)
         if actor is None:
@@ -242,6 +250,8 @@ class RayLauncher:
             outcome = ray.get(actor.status.remote(), timeout=10)
         except GetTimeoutError:
             return RunStatus("running")
+        except OutOfMemoryError as exc:  # Ray's memory monitor killed the runner (not a RayActorError)
+            return RunStatus("failed", error=OutOfMemoryKill(str(exc)).describe(victim="the job's runner actor"))
         except RayActorError as exc:
             return RunStatus("failed", error=f"runner actor died: {str(exc).splitlines()[0]}")
         return RunStatus(outcome["state"], summary=outcome.get("summary"), error=outcome.get("error"))
@@ -254,6 +264,7 @@ class RayLauncher:
         import ray
 
         actor = self._actor(job_id)
+        self._handles.pop(job_id, None)
         if actor is not None:
             ray.kill(actor, no_restart=True)
 

@@ -60,6 +60,7 @@ def run_job(
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from workers.failure_cause import WorkerOutOfMemoryError, out_of_memory_kill
     from workers.loop import train_loop_per_worker
 
     validate(config, import_here=False)
@@ -89,9 +90,15 @@ def run_job(
             worker_runtime_env=worker_env,
         ),
     )
-    result = trainer.fit()
-    if result.error is not None:
-        raise result.error
+    try:
+        result = trainer.fit()
+        if result.error is not None:
+            raise result.error
+    except Exception as error:
+        # Ray Train says only that a health check failed when a worker was killed for memory.
+        if (kill := out_of_memory_kill(error)) is None:
+            raise
+        raise WorkerOutOfMemoryError(kill.describe()) from error
     return _summary_from(Path(result.checkpoint.path) if result.checkpoint else None, result.metrics)
 
 

@@ -2,7 +2,9 @@
 cancel and restart paths on a real Ray cluster in seconds. It behaves like rank 0 on the
 wire: posts Telemetry, reads the Decision, switches, retries when the coordinator is away.
 
-Steps take ``STEP_S`` each; a job named ``fail-me`` raises after a few steps.
+Steps take ``STEP_S`` each; a job named ``fail-me`` raises after a few steps, and one named
+``hog-memory`` holds another ``HOG_CHUNK_BYTES`` every step (up to ``HOG_CAP_BYTES``), in the
+runner actor itself, for Ray's memory monitor to kill.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from planning.config import TrainConfig
 from planning.protocol import Decision, ModelProfile, Telemetry
 
 STEP_S = 0.05
+HOG_CHUNK_BYTES = 128 * 2**20
+HOG_CAP_BYTES = 4 * 2**30
 #: Sent with the first report, as the real rank 0 does; at the reported 40 Gb/s the policy
 #: prefers no compression for this 4 MB model, so adaptive jobs switch once.
 PROFILE = ModelProfile(shapes=[[1024, 1024], [1024]], forward_s=0.002, backward_s=0.004)
@@ -31,12 +35,15 @@ def run_job(config: TrainConfig, *, storage_path: str | None = None, resume: boo
     last_report = 0.0
     profile_sent = False
     loss = 2.0
+    held: list[bytes] = []
     with httpx.Client(timeout=2.0, headers=headers) as http:
         for step in range(1, steps + 1):
             time.sleep(STEP_S)
             loss *= 0.99
             if config.name == "fail-me" and step == 5:
                 raise RuntimeError("boom at step 5")
+            if config.name == "hog-memory" and len(held) * HOG_CHUNK_BYTES < HOG_CAP_BYTES:
+                held.append(b"\x01" * HOG_CHUNK_BYTES)  # written, so resident at once
             if time.monotonic() - last_report >= config.probing.report_interval_s or step == steps:
                 last_report = time.monotonic()
                 telemetry = Telemetry(
