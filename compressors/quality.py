@@ -19,7 +19,7 @@ gradient (uncompressed tensors count in ``‖x‖`` with no error):
   one rank). ``‖x̄‖`` needs every rank's data, so each rank keeps the same
   ``GROUP_COORDINATES`` seeded coordinates of ``x`` and of ``x − C(x)`` per step, and one
   small all-reduce between steps sums them: a ratio estimate from a uniform sample of the
-  gradient's coordinates, 16 KB per exchange.
+  gradient's coordinates, 16 KB in one all-reduce per exchange.
 * **every candidate's estimate**, every few steps, by :func:`estimate_errors` on a sample of
   this step's gradient matrices (the way L-GreCo measures per-layer error): the best rank-r
   error from one ``svdvals`` per matrix for all ranks at once (PowerSGD/ACP-SGD's warm-started
@@ -71,6 +71,7 @@ class _StepSums:
     lost_sq: list[torch.Tensor] = field(default_factory=list)  # ‖x − C(x)‖² of the casts
     keys: list[str] = field(default_factory=list)  # tensors whose residual after encoding is x − C(x)
     warm: bool = False  # a warm-up step (plain all-reduce): no compression to measure
+    measured: bool = True  # False: a step the meter skips (ErrorMeter.skip)
     #: By tensor key: its sampled coordinates, x there and x − C(x) there (None: read from the
     #: residual once the step completed), for :func:`group_error`.
     at_coordinates: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
@@ -101,9 +102,8 @@ class ErrorMeter:
         #: None after a warm-up or undone step.
         self.coordinate_sample: torch.Tensor | None = None
         self._indices: dict[tuple[str, int], torch.Tensor] = {}
-        #: Steps to run before the next one whose coordinates are kept (None: every step);
-        #: :meth:`skip_coordinates` sets it so only the step an exchange reads pays for them.
-        self._coordinates_in: int | None = None
+        #: Steps to run unmeasured before the next measured one (:meth:`skip`).
+        self._skip_steps = 0
         self.seconds = 0.0
         self.steps = 0
         #: After :meth:`request_sample`, the next step keeps copies of its gradient matrices
@@ -125,8 +125,13 @@ class ErrorMeter:
             cast = compressor.dtype if isinstance(compressor, CastAllReduce) else None
             sums = self._sums
             sums.warm = sums.warm or warm
-            keep_coordinates = not self._coordinates_in
+            sums.measured = not self._skip_steps  # else only a requested sample is taken
             for slot in slots:
+                if self._sampling and slot.grad.dim() >= 2:
+                    kept = torch.float32 if slot.grad.dtype in _HALF else slot.grad.dtype  # svdvals needs it
+                    self._pending_sample.append(slot.grad.detach().to(dtype=kept, copy=True))
+                if not sums.measured:
+                    continue
                 grad = slot.grad.detach().reshape(-1)
                 if grad.dtype in _HALF:  # sums of squares in fp32 (fp16 would overflow), as residuals are kept
                     grad = grad.float()
@@ -144,28 +149,25 @@ class ErrorMeter:
                     sums.lost_sq.append(torch.dot(lost, lost))
                 elif compressed and feedback:
                     sums.keys.append(slot.key)  # its residual after encoding is x − C(x)
-                if keep_coordinates and not warm:
+                if not warm:
                     self._keep_coordinates(slot.key, grad, residual, lost, compressed and feedback)
-                if self._sampling and slot.grad.dim() >= 2:
-                    kept = torch.float32 if slot.grad.dtype in _HALF else slot.grad.dtype  # svdvals needs it
-                    self._pending_sample.append(slot.grad.detach().to(dtype=kept, copy=True))
         self.seconds += time.perf_counter() - started
 
     def step_done(self, compressor: Compressor) -> None:
         started = time.perf_counter()
         sums, self._sums = self._sums, _StepSums()
-        with torch.no_grad():
-            lost = list(sums.lost_sq)
-            if sums.keys and isinstance(compressor, ErrorFeedbackCompressor):
-                residuals = compressor.memory.peek()
-                lost += [torch.dot(residuals[k].reshape(-1), residuals[k].reshape(-1)) for k in sums.keys if k in residuals]
-            total = float(torch.stack(sums.total_sq).double().sum()) if sums.total_sq else 0.0
-            lost_sq = float(torch.stack(lost).double().sum()) if lost else 0.0
-            if sums.at_coordinates or sums.warm:
+        if sums.measured:
+            with torch.no_grad():
+                lost = list(sums.lost_sq)
+                if sums.keys and isinstance(compressor, ErrorFeedbackCompressor):
+                    residuals = compressor.memory.peek()
+                    lost += [torch.dot(residuals[k].reshape(-1), residuals[k].reshape(-1)) for k in sums.keys if k in residuals]
+                total = float(torch.stack(sums.total_sq).double().sum()) if sums.total_sq else 0.0
+                lost_sq = float(torch.stack(lost).double().sum()) if lost else 0.0
                 self.coordinate_sample = None if sums.warm else self._gather_coordinates(sums, compressor)
-                self._sample_label = compressor.label
+            self._sample_label = compressor.label
+            self.last = None if sums.warm else _ratio(lost_sq, total)
         self._count_down()
-        self.last = None if sums.warm else _ratio(lost_sq, total)
         if self._pending_sample:
             ordered = sorted(self._pending_sample, key=lambda t: t.numel(), reverse=True)
             kept, budget = [], self.sample_elements
@@ -187,8 +189,8 @@ class ErrorMeter:
         self._count_down()
 
     def _count_down(self) -> None:
-        if self._coordinates_in:
-            self._coordinates_in -= 1
+        if self._skip_steps:
+            self._skip_steps -= 1
 
     def _keep_coordinates(self, key: str, grad: torch.Tensor, residual: torch.Tensor | None,
                           lost: torch.Tensor | None, lost_in_residual: bool) -> None:
@@ -201,10 +203,15 @@ class ErrorMeter:
         lost_at = None if lost_in_residual else (lost[where].double() if lost is not None else torch.zeros_like(x_at))
         self._sums.at_coordinates[key] = (where, x_at, lost_at)
 
-    def skip_coordinates(self, steps: int) -> None:
-        """Keep coordinates only after ``steps`` more steps (then every step until called
-        again): the exchange every ``sync_every`` steps reads the step just before it."""
-        self._coordinates_in = max(0, steps)
+    def skip(self, steps: int) -> None:
+        """Measure only after ``steps`` more steps (then every step until called again): the
+        exchange every ``sync_every`` steps reads only the step just before it, so the others
+        need not pay for the meter (a requested gradient sample is still taken)."""
+        self._skip_steps = max(0, steps)
+
+    def coordinate_count(self) -> int:
+        """Coordinates drawn so far over all tensors (a sample holds twice as many values)."""
+        return sum(where.numel() for where in self._indices.values())
 
     def _coordinates(self, key: str, numel: int) -> torch.Tensor:
         """The sampled coordinates of tensor ``key``: drawn from a generator seeded by the key,
@@ -253,17 +260,22 @@ def group_error(meter: ErrorMeter, group: dist.ProcessGroup | None = None) -> fl
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         meter.group_last = meter.last
         return meter.last
+    # One all-reduce of [ranks with a sample, Σ x at the coordinates, Σ (x − C(x)) there]: its
+    # length comes from the coordinates every rank has drawn (the same keys on every rank), so
+    # it matches across ranks even where one had no sample, which the count then shows.
+    length = 2 * meter.coordinate_count()
     sample = meter.coordinate_sample
-    size = 0 if sample is None else sample.numel()
-    sizes = torch.tensor([size, -size], dtype=torch.float64)
-    dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=group)  # equal sizes on all ranks: max == min
-    if size == 0 or sizes[0] != -sizes[1]:
+    have = sample is not None and sample.numel() == length
+    summed = torch.zeros(1 + length, dtype=torch.float64)
+    summed[0] = 1.0 if have else 0.0
+    if have:
+        assert sample is not None
+        summed[1:] = sample
+    dist.all_reduce(summed, group=group)  # N·x̄ and N·ē (N cancels in the ratio)
+    if length == 0 or int(summed[0]) != dist.get_world_size(group):
         meter.group_last = None
         return None
-    assert sample is not None
-    summed = sample.clone()
-    dist.all_reduce(summed, group=group)  # the sums of x and of x − C(x): N·x̄ and N·ē (N cancels)
-    x, lost = summed.chunk(2)
+    x, lost = summed[1:].chunk(2)
     meter.group_last = _ratio(float(torch.dot(lost, lost)), float(torch.dot(x, x)))
     return meter.group_last
 

@@ -73,7 +73,7 @@ class QualitySignal:
         group's error of the latest measured step (``compressors.quality.group_error``)."""
         started = time.perf_counter()
         group_error(self.meter, group)
-        self.meter.skip_coordinates(self.sync_every - 1)  # the next exchange reads the last step before it
+        self.meter.skip(self.sync_every - 1)  # the next exchange reads only the last step before it
         self.exchange_s += time.perf_counter() - started
 
     def running_error(self, label: str) -> float | None:

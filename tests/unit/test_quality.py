@@ -203,17 +203,22 @@ def test_a_lossy_candidate_the_sample_cannot_resolve_gets_no_estimate():
     assert estimate_errors([torch.randn(4, 4, generator=gen)], [make_spec("acpsgd", rank=8)]) == {"acpsgd-r8": 0.0}
 
 
-def test_coordinates_are_kept_only_for_the_step_an_exchange_reads():
+def test_after_an_exchange_the_meter_measures_only_the_step_the_next_one_reads():
     compressor, meter = build("powersgd", rank=2), ErrorMeter(total_elements=sum(math.prod(s) for s in SHAPES.values()))
-    kept = []
-    meter.skip_coordinates(2)  # as after an exchange with sync_every = 3
+    kept, errors = [], []
+    meter.skip(2)  # as after an exchange with sync_every = 3
     for step in range(4):
+        if step == 1:
+            meter.request_sample()  # a requested gradient sample is taken on a skipped step too
         buffer, slots = _bucket(step)
         meter.bucket(slots, compressor)
         run_in_lockstep([compressor.process(buffer, slots, 1)])
         compressor.end_step()
         meter.step_done(compressor)
         kept.append(meter.coordinate_sample)
-    assert kept[0] is None and kept[1] is None  # skipped: nothing kept yet
+        errors.append(meter.last)
+    assert kept[:2] == [None, None] and errors[:2] == [None, None]  # skipped: nothing measured
+    assert len(meter.take_sample()) == 2  # conv.weight and fc.weight of step 1
     assert kept[2] is not None and kept[3] is not None and kept[3] is not kept[2]  # then every step
+    assert 0.05 < errors[2] < 1 and 0.05 < errors[3] < 1
     assert kept[2].numel() == 2 * sum(max(1, round(1024 * math.prod(s) / meter.total_elements)) for s in SHAPES.values())
