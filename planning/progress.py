@@ -58,9 +58,9 @@ Measured = tuple[tuple[str, float], ...]  # (label, averaged running error), lat
 
 
 def family(label: str) -> str:
-    """Candidates whose estimates err the same way: the low-rank compressors together (both
-    warm-started power iterations with error feedback), every other compressor by itself
-    (``Codec.family``)."""
+    """Candidates whose estimates err the same way: the ranks (or ratios) of one compressor
+    (``Codec.error_family``, by default the compressor's name). ACP-SGD and PowerSGD are two
+    families: at the same rank ACP-SGD loses more than PowerSGD (``planning/codecs/lowrank.py``)."""
     name = label.split("-", 1)[0]
     return registry.codec(name).error_family()
 
@@ -77,7 +77,8 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
 
     The estimates (``compressors.quality.estimate_errors``) are the best a compressor could do
     on the raw gradient; the running compressor, with error feedback and a warm start, loses
-    more (measured on this repository's CNN: rank 8's estimate 0.17, its running error 0.65-0.8).
+    more (measured on this repository's CNN: rank 8's estimate 0.27, the group's running error
+    0.54-0.72).
     So: a label that has run is judged by its measured running error; a label of the same
     :func:`family` that has not, by its estimate times the family's measured/estimated ratio
     (from the family's latest measured label), capped at 1; any other by its estimate.

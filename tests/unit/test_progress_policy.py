@@ -147,7 +147,7 @@ def test_estimates_are_calibrated_by_the_running_error_of_their_family():
     judged = calibrated_errors(estimates, measured)
     ratio = 0.73 / 0.17
     assert judged["acpsgd-r8"] == pytest.approx(0.73)  # what it really lost
-    assert judged["powersgd-r8"] == pytest.approx(0.73)  # same family, same estimate
+    assert judged["powersgd-r8"] == 0.17  # another compressor: its own estimate until it runs
     assert judged["acpsgd-r4"] == 1.0  # 0.35 * ratio, capped
     assert judged["topk-0.01"] == 0.85 and judged["none"] == 0.0  # other families untouched
     assert ratio > 4
