@@ -39,6 +39,15 @@ def _bucket(seed: int) -> tuple[torch.Tensor, list[GradSlot]]:
     return buffer, slots
 
 
+def _metered_step(meter: ErrorMeter, compressor, step: int) -> None:
+    """One step of ``_bucket(step)`` on one simulated rank, with the meter's two hook calls."""
+    buffer, slots = _bucket(step)
+    meter.bucket(slots, compressor)
+    run_in_lockstep([compressor.process(buffer, slots, 1)])
+    compressor.end_step()
+    meter.step_done(compressor)
+
+
 def _reference_error(compressor, buffer: torch.Tensor, slots: list[GradSlot]) -> tuple[float, torch.Tensor]:
     """(ε by definition, the bucket after the step) for one step on one rank."""
     residuals = compressor.residuals()
@@ -56,15 +65,11 @@ def test_running_error_is_the_relative_compression_error_of_each_step(name, para
     compressor, meter = build(name, **params), ErrorMeter()
     seen = []
     for step in range(4):  # later steps carry error feedback: x = g + e_old
-        buffer, slots = _bucket(step)
         reference_buffer, reference_slots = _bucket(step)
         reference = build(name, **params)
         reference.load_state_dict(compressor.state_dict())
         expected, _ = _reference_error(reference, reference_buffer, reference_slots)
-        meter.bucket(slots, compressor)
-        run_in_lockstep([compressor.process(buffer, slots, 1)])
-        compressor.end_step()
-        meter.step_done(compressor)
+        _metered_step(meter, compressor, step)
         assert meter.last == pytest.approx(expected, rel=1e-4, abs=1e-7)
         seen.append(meter.last)
     if name == "none":
@@ -79,11 +84,7 @@ def test_warm_up_steps_have_no_error_and_the_meter_times_itself():
     compressor, meter = build("acpsgd", rank=2, warmup_steps=1), ErrorMeter()
     errors = []
     for step in range(2):
-        buffer, slots = _bucket(step)
-        meter.bucket(slots, compressor)
-        run_in_lockstep([compressor.process(buffer, slots, 1)])
-        compressor.end_step()
-        meter.step_done(compressor)
+        _metered_step(meter, compressor, step)
         errors.append(meter.last)
     assert errors[0] is None and errors[1] > 0.1  # nothing compressed in the warm-up step
     assert meter.seconds > 0 and meter.steps == 2
@@ -210,11 +211,7 @@ def test_after_an_exchange_the_meter_measures_only_the_step_the_next_one_reads()
     for step in range(4):
         if step == 1:
             meter.request_sample()  # a requested gradient sample is taken on a skipped step too
-        buffer, slots = _bucket(step)
-        meter.bucket(slots, compressor)
-        run_in_lockstep([compressor.process(buffer, slots, 1)])
-        compressor.end_step()
-        meter.step_done(compressor)
+        _metered_step(meter, compressor, step)
         kept.append(meter.coordinate_sample)
         errors.append(meter.last)
     assert kept[:2] == [None, None] and errors[:2] == [None, None]  # skipped: nothing measured
