@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from benchmarks.rate_pairs import parse_rate_pairs
 from benchmarks.repo import REPO_ROOT
 from benchmarks.simulate import (
     GPU_COMPUTE,
@@ -69,17 +70,8 @@ class Stretch:
 
 
 def parse_trace(text: str) -> list[Stretch]:
-    out = []
-    for item in text.split(","):
-        gbit, _, seconds = item.partition(":")
-        try:
-            stretch = Stretch(float(gbit), float(seconds))
-        except ValueError:
-            raise ValueError(f"trace: expected GBIT:SECONDS items, got {item!r}") from None
-        if stretch.gbit <= 0 or stretch.seconds <= 0:
-            raise ValueError(f"trace: rate and seconds must be positive, got {item!r}")
-        out.append(stretch)
-    return out
+    """``"25:300,1:120"`` -> stretches of (Gbit/s, seconds)."""
+    return [Stretch(gbit, seconds) for gbit, seconds in parse_rate_pairs(text, field="trace", form="GBIT:SECONDS", amount=float)]
 
 
 def rate_at(trace: Sequence[Stretch], t: float) -> float:

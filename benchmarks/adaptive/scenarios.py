@@ -7,6 +7,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from benchmarks.rate_pairs import parse_rate_pairs
 from planning.config import TrainConfig
 
 FIXED_CHOICES = ("none", "fp16", "powersgd-r4", "acpsgd-r4", "acpsgd-r16", "topk-0.01", "signsgd")
@@ -43,17 +44,7 @@ class Phase:
 
 def parse_schedule(text: str) -> list[Phase]:
     """``"1000:150,50:80"`` -> phases of (Mbit/s, steps)."""
-    phases = []
-    for item in text.split(","):
-        mbit, _, steps = item.strip().partition(":")
-        try:
-            phase = Phase(float(mbit), int(steps))
-        except ValueError:
-            raise ValueError(f"schedule: expected MBIT:STEPS items, got {item!r}") from None
-        if phase.mbit <= 0 or phase.steps < 1:
-            raise ValueError(f"schedule: rate and steps must be positive, got {item!r}")
-        phases.append(phase)
-    return phases
+    return [Phase(mbit, steps) for mbit, steps in parse_rate_pairs(text, field="schedule", form="MBIT:STEPS", amount=int)]
 
 
 def boundaries(phases: Sequence[Phase]) -> list[int]:
