@@ -305,9 +305,24 @@ def estimate_errors(tensors: Iterable[torch.Tensor], specs: Sequence[CompressorS
                     compressing.add(spec.label)
                     lost[spec.label] += kernels[spec.name].lost_energy(spec, tensor, flat, cache)
     errors = {label: round(_ratio(value, total), 6) for label, value in lost.items()}
-    # A lossy candidate (no known bound) that loses nothing on the sample has out-run what the
-    # sample can show: one step's gradient of a linear layer has rank <= the rank's batch, so
-    # every rank at or above it reads 0, which says nothing about what error feedback feeds
-    # the compressor. Such a candidate gets no estimate (the policy does not choose it unjudged).
-    unresolved = lossy & compressing
-    return {label: e for label, e in errors.items() if not (e == 0.0 and label in unresolved and total > 0)}
+    unresolved = [spec for spec in specs if errors[spec.label] == 0.0 and spec.label in lossy & compressing and total > 0]
+    return {**errors, **{spec.label: _stand_in(spec, specs, errors) for spec in unresolved}}
+
+
+def _size(spec: CompressorSpec) -> float | None:
+    """A candidate's rank or ratio: what it keeps (more keeps more of the gradient)."""
+    return spec.rank if spec.rank is not None else spec.ratio
+
+
+def _stand_in(spec: CompressorSpec, specs: Sequence[CompressorSpec], errors: dict[str, float]) -> float:
+    """The estimate of a lossy candidate that lost nothing on the sample, which cannot resolve
+    it: one step's gradient of a linear layer has rank <= the rank's batch, so every rank at or
+    above it reads 0, which says nothing about what error feedback feeds the compressor. It
+    gets the estimate of the same compressor's nearest smaller rank (or ratio) that the sample
+    does resolve — the best rank-r error never rises with r, so that bounds its own best case,
+    and a slower candidate with an equal error is never chosen — or, when there is none, 0
+    (the best case; the running error judges it once it has run)."""
+    size = _size(spec)
+    below = [errors[other.label] for other in specs if other.name == spec.name and errors[other.label] > 0
+             and size is not None and (other_size := _size(other)) is not None and other_size < size]
+    return min(below) if below else 0.0

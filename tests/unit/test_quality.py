@@ -191,14 +191,17 @@ def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group
     assert fixed.candidates == () and (fixed.after_step() or fixed.estimates) == {}
 
 
-def test_a_lossy_candidate_the_sample_cannot_resolve_gets_no_estimate():
+def test_a_lossy_candidate_the_sample_cannot_resolve_gets_the_nearest_smaller_ranks_estimate():
     """One step's gradient of a linear layer has rank <= the batch: a rank at or above it
     loses nothing on the sample, which is no evidence about the compressor's real error."""
     gen = torch.Generator().manual_seed(5)
     low_rank = torch.randn(64, 6, generator=gen) @ torch.randn(6, 96, generator=gen)  # rank 6
-    specs = [make_spec("acpsgd", rank=4), make_spec("acpsgd", rank=8), make_spec("none"), make_spec("fp16")]
+    specs = [make_spec("acpsgd", rank=2), make_spec("acpsgd", rank=4), make_spec("acpsgd", rank=8),
+             make_spec("acpsgd", rank=16), make_spec("powersgd", rank=8), make_spec("none"), make_spec("fp16")]
     errors = estimate_errors([low_rank], specs)
-    assert errors["acpsgd-r4"] > 0 and "acpsgd-r8" not in errors
+    assert errors["acpsgd-r2"] > errors["acpsgd-r4"] > 0
+    assert errors["acpsgd-r8"] == errors["acpsgd-r16"] == errors["acpsgd-r4"]  # not 0: r4 bounds their best case
+    assert errors["powersgd-r8"] == 0.0  # no smaller rank of its own to stand in: the best case
     assert errors["none"] == 0.0 and errors["fp16"] > 0
     # a candidate that compresses nothing of the sample is exact there, and says so
     assert estimate_errors([torch.randn(4, 4, generator=gen)], [make_spec("acpsgd", rank=8)]) == {"acpsgd-r8": 0.0}
