@@ -319,9 +319,9 @@ def _stand_in(spec: CompressorSpec, specs: Sequence[CompressorSpec], errors: dic
     it: one step's gradient of a linear layer has rank <= the rank's batch, so every rank at or
     above it reads 0, which says nothing about what error feedback feeds the compressor. It
     gets the estimate of the same compressor's nearest smaller rank (or ratio) that the sample
-    does resolve — the best rank-r error never rises with r, so that bounds its own best case,
-    and a slower candidate with an equal error is never chosen — or, when there is none, 0
-    (the best case; the running error judges it once it has run)."""
+    does resolve — the best rank-r error never rises with r, so that bounds its own best case
+    (calibration then scales it like any estimate of its compressor) — or, when there is none,
+    0 (the best case; the running error judges it once it has run)."""
     size = _size(spec)
     below = [errors[other.label] for other in specs if other.name == spec.name and errors[other.label] > 0
              and size is not None and (other_size := _size(other)) is not None and other_size < size]
