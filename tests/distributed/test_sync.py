@@ -420,7 +420,7 @@ def switch_chain():
 @pytest.fixture(scope="module")
 def hook_failure():
     started = time.monotonic()
-    results = run_ranks(_failing_hook, 2, 3.0, timeout=120)
+    results = run_ranks(_failing_hook, 2, 3.0, timeout=120, teardown=False)
     return results, time.monotonic() - started
 
 
