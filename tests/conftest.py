@@ -99,6 +99,7 @@ def serve(ray_head: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
     import httpx
     from support.api import TERMINAL
+    from support.cluster import reclaim_cpus
     from support.servers import CoordinatorProcess
 
     namespace = f"gradwire-test-{uuid.uuid4().hex[:8]}"
@@ -122,3 +123,8 @@ def serve(ray_head: str, tmp_path: Path) -> Iterator[Callable[..., Any]]:
         except httpx.HTTPError:
             pass
         proc.stop()
+    leaked = reclaim_cpus(ray_head, RAY_TEST_CPUS)
+    if leaked:
+        events = [line for proc in started for line in proc.log().splitlines() if " coordinator." in line]
+        pytest.fail("this test left the shared Ray cluster's CPUs held (they are freed now, for the "
+                    f"next tests): {leaked}\ncoordinator events:\n" + "\n".join(events[-30:]))

@@ -1,0 +1,58 @@
+"""The shared test cluster handed back whole after each coordinator test.
+
+Every coordinator test runs its jobs on the session's one Ray head. A test whose jobs leave
+CPUs reserved (a placement group nobody removed, a Train controller that outlived its runner)
+would otherwise starve every later test, which then time out far from the cause, with
+nothing in their output about it. :func:`reclaim_cpus` makes the test that leaked fail at
+its own teardown, with the cluster's state in the message, and frees the CPUs for the next.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def _cpus_free() -> float:
+    import ray
+
+    return ray.available_resources().get("CPU", 0.0)
+
+
+def _live_groups() -> dict[str, Any]:
+    import ray.util
+
+    return {pg_id: info for pg_id, info in ray.util.placement_group_table().items() if info.get("state") != "REMOVED"}
+
+
+def reclaim_cpus(address: str, total_cpus: float, timeout_s: float = 60.0) -> str | None:
+    """Wait until every CPU of the cluster at ``address`` is free again; None when they are.
+
+    Otherwise remove the placement groups still alive (no test is running jobs at this
+    point) and return what was held: the free CPUs and each group's state and bundles.
+    """
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    connected_here = not ray.is_initialized()
+    if connected_here:
+        ray.init(address=address, namespace="gradwire-tests-cleanup", log_to_driver=False)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while _cpus_free() < total_cpus:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        else:
+            return None
+        groups = _live_groups()
+        report = (f"{_cpus_free():g} of {total_cpus:g} CPUs free {timeout_s:.0f} s after the test's coordinator "
+                  f"stopped; live placement groups: "
+                  + ("; ".join(f"{pg_id} {info.get('state')} bundles={info.get('bundles')} "
+                               f"stats={info.get('stats')}" for pg_id, info in groups.items()) or "none"))
+        for pg_id in groups:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+        return report
+    finally:
+        if connected_here:
+            ray.shutdown()
