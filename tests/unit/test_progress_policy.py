@@ -153,6 +153,27 @@ def test_estimates_are_calibrated_by_the_running_error_of_their_family():
     assert ratio > 4
 
 
+def test_once_two_ranks_ran_the_others_are_judged_by_the_power_law_fitted_to_them():
+    from planning.progress import calibrated_errors, rank_fit, rank_of
+
+    assert rank_of("acpsgd-r16") == 16 and rank_of("topk-0.01") is None and rank_of("none") is None
+    assert rank_fit({4: 0.8}) is None  # one rank: no slope to fit
+    a, b = rank_fit({4: 0.8, 16: 0.55})
+    assert b == pytest.approx(math.log(0.55 / 0.8) / math.log(4))
+    assert math.exp(a + b * math.log(4)) == pytest.approx(0.8)
+    assert rank_fit({4: 0.5, 16: 0.6})[1] == 0.0  # never "a higher rank loses more"
+
+    estimates = {"acpsgd-r4": 0.2, "acpsgd-r8": 0.1, "acpsgd-r16": 0.027, "acpsgd-r32": 0.01,
+                 "powersgd-r8": 0.1, "topk-0.01": 0.9, "none": 0.0}
+    one = calibrated_errors(estimates, (("acpsgd-r4", 0.8),))
+    assert one["acpsgd-r16"] == pytest.approx(0.027 * 0.8 / 0.2)  # one rank: its ratio (0.108)
+    two = calibrated_errors(estimates, (("acpsgd-r4", 0.8), ("acpsgd-r16", 0.55)))
+    assert two["acpsgd-r4"] == 0.8 and two["acpsgd-r16"] == 0.55  # what they really lost
+    assert two["acpsgd-r8"] == pytest.approx(math.sqrt(0.8 * 0.55))  # between them on the power law
+    assert two["acpsgd-r32"] == pytest.approx(0.55 * (0.55 / 0.8) ** 0.5)  # beyond: the same slope (0.456)
+    assert two["powersgd-r8"] == 0.1 and two["topk-0.01"] == 0.9  # other compressors untouched
+
+
 def test_a_running_error_above_the_estimate_moves_the_choice_to_less_lossy():
     """At 50 Mbit/s the raw estimates favour a low rank; once that rank runs and loses far
     more than estimated (error feedback on a warm start), the policy moves to a higher rank."""
