@@ -29,7 +29,7 @@ def reclaim_cpus(address: str, total_cpus: float, timeout_s: float = 60.0) -> st
     """Wait until every CPU of the cluster at ``address`` is free again; None when they are.
 
     Otherwise remove the placement groups still alive (no test is running jobs at this
-    point) and return what was held: the free CPUs and each group's state and bundles.
+    point) and return what was held: the free CPUs and each group's id, state and bundles.
     """
     import ray
     from ray.util.placement_group import PlacementGroup, remove_placement_group
@@ -48,8 +48,8 @@ def reclaim_cpus(address: str, total_cpus: float, timeout_s: float = 60.0) -> st
         groups = _live_groups()
         report = (f"{_cpus_free():g} of {total_cpus:g} CPUs free {timeout_s:.0f} s after the test's coordinator "
                   f"stopped; live placement groups: "
-                  + ("; ".join(f"{pg_id} {info.get('state')} bundles={info.get('bundles')} "
-                               f"stats={info.get('stats')}" for pg_id, info in groups.items()) or "none"))
+                  + ("; ".join(f"{pg_id} {info.get('state')} bundles={info.get('bundles')}"
+                               for pg_id, info in groups.items()) or "none"))
         for pg_id in groups:
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
         return report
