@@ -174,6 +174,25 @@ def test_once_two_ranks_ran_the_others_are_judged_by_the_power_law_fitted_to_the
     assert two["powersgd-r8"] == 0.1 and two["topk-0.01"] == 0.9  # other compressors untouched
 
 
+def test_the_running_ranks_drift_moves_the_other_ranks_measurements_with_it():
+    """Stale measurements would look better and better beside the running rank's fresh one."""
+    from planning.progress import record_running
+
+    measured = record_running((), "powersgd-r4", 0.5)
+    measured = record_running(measured, "fp16", 0.0002)
+    measured = record_running(measured, "topk-0.01", 0.9)
+    measured = record_running(measured, "acpsgd-r8", 0.6)
+    measured = record_running(measured, "acpsgd-r8", 0.9)  # averaged: 0.69, a drift of 1.15
+    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.69)
+    assert dict(measured)["powersgd-r4"] == pytest.approx(0.5 * 1.15)  # moved with it
+    assert dict(measured)["fp16"] == 0.0002 and dict(measured)["topk-0.01"] == 0.9  # not low-rank: untouched
+    measured = record_running(measured, "acpsgd-r8", 1.0)
+    measured = record_running(measured, "powersgd-r16", 0.1)  # a first report moves nothing
+    assert dict(measured)["powersgd-r4"] <= 1.0 and dict(measured)["acpsgd-r8"] == pytest.approx(0.783)
+    measured = record_running(measured, "fp16", 0.0004)  # a cast's drift (2x) moves nothing
+    assert dict(measured)["powersgd-r16"] == 0.1
+
+
 def test_a_running_error_above_the_estimate_moves_the_choice_to_less_lossy():
     """At 50 Mbit/s the raw estimates favour a low rank; once that rank runs and loses far
     more than estimated (error feedback on a warm start), the policy moves to a higher rank."""
