@@ -41,11 +41,13 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 #: or Ray Train restarts the group at the old size and waits for the node to come back.
 HEAD_HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
                       "RAY_health_check_failure_threshold": "3"}
-#: Every node's Ray processes: an elastic job looks for more room every 15 s (Ray Train's
-#: default, 60 s, would keep a returned node idle for a minute), and a worker group that
+#: Every node's Ray processes: an elastic job looks for more room every 5 s (Ray Train's
+#: default, 60 s, would keep a returned node idle for a minute; at 15 s a CI run on an idle
+#: machine ended the node-loss job at one worker, the returned node never used: the 4700
+#: steps left at one worker took about as long as the node's return plus two looks), and a worker group that
 #: cannot be placed (Ray Train still counts a lost node for up to 20 s) gives up after 15 s
 #: and is planned again (default 60 s).
-NODE_ENV = {"GRADWIRE_ELASTIC_RESIZE_INTERVAL_S": "15", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "15"}
+NODE_ENV = {"GRADWIRE_ELASTIC_RESIZE_INTERVAL_S": "5", "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "15"}
 
 
 # --------------------------------------------------------------------------- availability
