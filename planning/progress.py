@@ -61,7 +61,8 @@ def family(label: str) -> str:
     """Candidates whose estimates err the same way: the ranks (or ratios) of one compressor
     (``Codec.error_family``, by default the compressor's name). ACP-SGD and PowerSGD are two
     families: at the same rank ACP-SGD loses more than PowerSGD (``planning/codecs/lowrank.py``)."""
-    return registry.codec(compressor_of(label)).error_family()
+    name = label.split("-", 1)[0]
+    return registry.codec(name).error_family()
 
 
 def record_running(measured: Measured, label: str, error: float, weight: float = RUNNING_WEIGHT) -> Measured:
@@ -79,11 +80,6 @@ def record_running(measured: Measured, label: str, error: float, weight: float =
     drift = value / previous if previous and rank_of(label) is not None else 1.0
     return tuple((k, min(1.0, v * drift) if rank_of(k) is not None else v) for k, v in measured
                  if k != label) + ((label, value),)
-
-
-def compressor_of(label: str) -> str:
-    """The compressor's name in a label such as ``acpsgd-r16`` (``CompressorSpec.label``)."""
-    return label.split("-", 1)[0]
 
 
 def rank_of(label: str) -> int | None:
@@ -136,10 +132,10 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
             ratios[family(label)] = error / estimate
         rank = rank_of(label)
         if rank is not None:
-            by_rank.setdefault(compressor_of(label), {})[rank] = error
+            by_rank.setdefault(label.split("-", 1)[0], {})[rank] = error
     fits = {name: fit for name, points in by_rank.items() if (fit := rank_fit(points)) is not None}
     for label, estimate in list(out.items()):
-        name, rank = compressor_of(label), rank_of(label)
+        name, rank = label.split("-", 1)[0], rank_of(label)
         if name in fits and rank is not None:
             a, b = fits[name]
             out[label] = min(1.0, math.exp(a + b * math.log(rank)))
