@@ -9,8 +9,9 @@ its own teardown, with the cluster's state in the message, and frees the CPUs fo
 
 from __future__ import annotations
 
-import time
 from typing import Any
+
+from support.servers import wait_for
 
 
 def _cpus_free() -> float:
@@ -38,13 +39,11 @@ def reclaim_cpus(address: str, total_cpus: float, timeout_s: float = 60.0) -> st
     if connected_here:
         ray.init(address=address, namespace="gradwire-tests-cleanup", log_to_driver=False)
     try:
-        deadline = time.monotonic() + timeout_s
-        while _cpus_free() < total_cpus:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        else:
+        try:
+            wait_for(lambda: _cpus_free() >= total_cpus, timeout_s, "every CPU free", interval_s=0.5)
             return None
+        except TimeoutError:
+            pass
         groups = _live_groups()
         report = (f"{_cpus_free():g} of {total_cpus:g} CPUs free {timeout_s:.0f} s after the test's coordinator "
                   f"stopped; live placement groups: "
