@@ -61,8 +61,7 @@ def family(label: str) -> str:
     """Candidates whose estimates err the same way: the ranks (or ratios) of one compressor
     (``Codec.error_family``, by default the compressor's name). ACP-SGD and PowerSGD are two
     families: at the same rank ACP-SGD loses more than PowerSGD (``planning/codecs/lowrank.py``)."""
-    name = label.split("-", 1)[0]
-    return registry.codec(name).error_family()
+    return registry.codec(compressor_of(label)).error_family()
 
 
 def record_running(measured: Measured, label: str, error: float, weight: float = RUNNING_WEIGHT) -> Measured:
@@ -80,6 +79,11 @@ def record_running(measured: Measured, label: str, error: float, weight: float =
     drift = value / previous if previous and rank_of(label) is not None else 1.0
     return tuple((k, min(1.0, v * drift) if rank_of(k) is not None else v) for k, v in measured
                  if k != label) + ((label, value),)
+
+
+def compressor_of(label: str) -> str:
+    """The compressor's name in a label such as ``acpsgd-r16`` (``CompressorSpec.label``)."""
+    return label.split("-", 1)[0]
 
 
 def rank_of(label: str) -> int | None:
@@ -103,43 +107,61 @@ def rank_fit(points: Mapping[int, float]) -> tuple[float, float] | None:
     return mean_y - slope * mean_x, slope
 
 
+def error_exponent(estimate: float | None, running: float) -> float | None:
+    """``k`` with ``running = estimate ** k``: how far error feedback and a warm start move a
+    compressor's error from the best case towards 1 (None unless both lie in (0, 1))."""
+    if estimate is None or not 0 < estimate < 1 or not 0 < running < 1:
+        return None
+    return math.log(running) / math.log(estimate)
+
+
 def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured) -> dict[str, float] | None:
     """The errors the policy judges by.
 
     The estimates (``compressors.quality.estimate_errors``) are the best a compressor could do
     on the raw gradient; the running compressor, with error feedback and a warm start, loses
-    more, and by a factor that grows with the rank (measured on this repository's CNN, the
-    group's running error against one step's estimate: ACP-SGD rank 16 0.65 vs 0.027). So:
+    more, and the more so the smaller the estimate. Measured on this repository's CNN (the
+    group's running error of a label against its own estimate at the time; 18 dwells of
+    ACP-SGD and PowerSGD at ranks 4-16 in the adaptive runs of two benchmark runs): the ratio
+    running / estimate went from 2.1 (estimates near 0.3) to 14 (estimate 0.035), while
+    ``k = ln running / ln estimate`` stayed within 0.22-0.42. So a measured label calibrates
+    the others by its exponent, not by a ratio (a ratio taken at rank 4 made rank 16 look
+    3-5x better than it ran):
 
     - a label that has run is judged by its measured running error;
     - a rank of a compressor that has run at two or more ranks, by the power law
-      ``ε = exp(a) · rank^b`` fitted to those measurements (:func:`rank_fit`): the measured
-      error falls with the rank far more slowly than the estimate (ACP-SGD 0.80 / 0.55 / 0.44
-      at ranks 4 / 16 / 32, b ≈ -0.3), so one rank's ratio would make every higher rank look
-      better than it runs, and the policy would try them one dwell at a time;
-    - any other label of a :func:`family` that has run, by its estimate times the family's
-      measured/estimated ratio (from the family's latest measured label), capped at 1;
-    - any other by its estimate.
+      ``ε = exp(a) · rank^b`` fitted to those measurements (:func:`rank_fit`);
+    - any other label of a :func:`family` that has run, by ``estimate ** k`` with ``k``
+      (:func:`error_exponent`) from the family's latest measured label;
+    - a low-rank label of a family that has not run, by ``estimate ** k`` with ``k`` of the
+      latest low-rank label measured (ACP-SGD's and PowerSGD's exponents overlap, above);
+    - any other by its estimate. No prior exponent is assumed before anything has run: the
+      best case is optimistic on purpose, so the policy tries a candidate and measures it; a
+      pessimistic prior would keep it from ever running, and so from ever being measured.
     """
     if estimates is None and not measured:
         return None
     out = dict(estimates or {})
-    ratios: dict[str, float] = {}
+    exponents: dict[str, float] = {}
+    low_rank_exponent: float | None = None
     by_rank: dict[str, dict[int, float]] = {}
-    for label, error in measured:  # latest last: its ratio wins
-        estimate = out.get(label)
-        if estimate is not None and estimate > 0:
-            ratios[family(label)] = error / estimate
+    for label, error in measured:  # latest last: its exponent wins
+        exponent = error_exponent(out.get(label), error)
         rank = rank_of(label)
+        if exponent is not None:
+            exponents[family(label)] = exponent
+            if rank is not None:
+                low_rank_exponent = exponent
         if rank is not None:
-            by_rank.setdefault(label.split("-", 1)[0], {})[rank] = error
+            by_rank.setdefault(compressor_of(label), {})[rank] = error
     fits = {name: fit for name, points in by_rank.items() if (fit := rank_fit(points)) is not None}
     for label, estimate in list(out.items()):
-        name, rank = label.split("-", 1)[0], rank_of(label)
+        name, rank = compressor_of(label), rank_of(label)
+        exponent = exponents.get(family(label), low_rank_exponent if rank is not None else None)
         if name in fits and rank is not None:
             a, b = fits[name]
             out[label] = min(1.0, math.exp(a + b * math.log(rank)))
-        elif family(label) in ratios:
-            out[label] = min(1.0, estimate * ratios[family(label)])
+        elif exponent is not None and estimate > 0:
+            out[label] = min(1.0, estimate ** exponent)
     out.update(dict(measured))
     return out
