@@ -266,6 +266,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=64, help="sequence length (BERT models)")
     parser.add_argument("--bucket-cap-mb", type=float, default=0.25)
     parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--lr-schedule", choices=["constant", "cosine", "step"], default="constant",
+                        help="step times do not depend on it")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync-every", type=int, default=5)
     parser.add_argument("--max-wait-quiet-s", type=float, default=20.0)

@@ -10,7 +10,17 @@ steady fast (1000 Mbit/s), steady slow (50 Mbit/s), fast->slow->fast, and oscill
 a period near the policy's dwell.
 
 The job: the small CNN (0.15 M parameters, 0.6 MB of gradients) at batch 32 on 32x32
-synthetic images, 0.25 MB DDP buckets, 300 steps, the same seed for every run.
+synthetic images, 0.25 MB DDP buckets, 300 steps, the learning rate decayed to 0 along a
+cosine, the same seed for every run. Why the decay: at a constant rate the held-out loss of
+uncompressed training reached its noise floor a third into the run and then moved ±0.1
+between evaluations around a trend of 0.04, so the first evaluation below the target (its
+value at 90 % of the steps) was decided by which run dipped first; decayed, it falls to the
+end and evaluations near the target differ by ~0.01.
+
+Every choice runs ``--repeats`` times (3 by default) with the same seed, and the repeat
+at the median time to target stands for it (``repeats`` lists each one's figures). A fixed
+choice's loss curve repeats exactly (``none_curve_spread`` checks it for ``none``), but one
+run's step times moved by up to 17 % between runs on this machine.
 
 Judged by time to target. Every run checkpoints every :data:`EVAL_EVERY` steps (the same
 cost for every run); after the run each checkpoint's model is evaluated on the first 512 held-out

@@ -54,13 +54,16 @@ def markdown(doc: dict[str, Any]) -> str:
         v = scenario["verdict"]
         out += [(f"**{name}** (`{scenario['schedule_text']}`; target held-out loss {scenario['target']:.4f}, "
                  f"best fixed: {v['best_fixed']})"), "",
-                "| run | time to target s | ratio to best fixed | total s | final held-out | vs none | foreign cores | switches |",
-                "|---|---:|---:|---:|---:|---:|---:|---|"]
+                "| run | time to target s | each repeat's | ratio to best fixed | total s | final held-out | vs none "
+                "| foreign cores | switches |",
+                "|---|---:|---|---:|---:|---:|---:|---:|---|"]
         for label, r in scenario["runs"].items():
             ttt = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
             ratio = v["ratio_to_best"][label]
             moves = ", ".join(f"{s['to']} @ {s['at_s']:.1f} s" for s in r["switches"]) or "-"
-            out.append(f"| {label} | {ttt} | {'-' if ratio is None else f'{ratio:.3f}'} | {r['total_s']:.2f} | "
+            each = ", ".join("-" if x["time_to_target_s"] is None else f"{x['time_to_target_s']:.2f}"
+                             for x in r.get("repeats", []))
+            out.append(f"| {label} | {ttt} | {each} | {'-' if ratio is None else f'{ratio:.3f}'} | {r['total_s']:.2f} | "
                        f"{r['final_eval']:.4f} | {v['final_eval_vs_none'][label]:+.1%} | {r['foreign_cores']} | {moves} |")
         out.append("")
     worst = doc["verdict"]["worst_ratio_to_best_fixed"]

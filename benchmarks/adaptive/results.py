@@ -92,6 +92,36 @@ def run_result(run: JobRun, phases: Sequence[Phase], curve: Sequence[tuple[int, 
     }
 
 
+def combine_repeats(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One label's entry from its repeats of the same seeded run (times to target already set).
+
+    The repeat at the median time to target (a miss counts as the longest) stands for the
+    label: its curve, switches and figures are the entry's. ``final_eval`` is the median of
+    the repeats' own, and ``repeats`` lists each one's figures. Why repeats: with the same
+    seed a fixed choice's loss curve repeats exactly, yet one run's time to target moved by
+    up to 17 % between runs on this machine (step times, not training, differ run to run).
+    """
+    order = sorted(range(len(repeats)), key=lambda i: _or_inf(repeats[i]["time_to_target_s"]))
+    middle = repeats[order[len(order) // 2]]
+    finals = sorted(r["final_eval"] for r in repeats)
+    return {**middle, "final_eval": finals[len(finals) // 2],
+            "repeats": [{"time_to_target_s": r["time_to_target_s"], "total_s": r["total_s"],
+                         "final_eval": r["final_eval"], "foreign_cores": r["foreign_cores"],
+                         "switches": len(r["switches"])} for r in repeats]}
+
+
+def _or_inf(value: float | None) -> float:
+    return math.inf if value is None else value
+
+
+def curve_spread(repeats: Sequence[dict[str, Any]]) -> float:
+    """Largest difference in held-out loss at one step between repeats (0: the curve repeats)."""
+    curves = [{step: loss for step, _, loss in r["eval"]} for r in repeats]
+    steps = set().union(*curves)
+    return round(max((max(c[s] for c in curves if s in c) - min(c[s] for c in curves if s in c) for s in steps),
+                     default=0.0), 5)
+
+
 def _median_only(values: list[float]) -> list[float]:
     return [sorted(values)[len(values) // 2]] if values else []
 

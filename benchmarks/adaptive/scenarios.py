@@ -79,7 +79,7 @@ def train_config(args: argparse.Namespace, compression: dict[str, Any], steps: i
     """The job every run shares; only ``compression`` (and ``extra``) differ."""
     return TrainConfig(
         name="adaptive-bench", model=args.model, dataset="synthetic", batch_size=args.batch_size,
-        image_size=args.image_size, seq_len=args.seq_len, steps=steps, lr=args.lr, workers=2, compression=compression,
+        image_size=args.image_size, seq_len=args.seq_len, steps=steps, lr=args.lr, lr_schedule=args.lr_schedule, workers=2, compression=compression,
         bucket_cap_mb=args.bucket_cap_mb,
         report_interval_s=args.report_interval_s, probe_interval_s=args.probe_interval_s, probe_budget=args.probe_budget,
         sync_every=args.sync_every, seed=args.seed, **extra,

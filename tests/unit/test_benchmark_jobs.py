@@ -20,6 +20,8 @@ def test_the_adaptive_defaults_build_a_job_with_the_scaled_policy_settings() -> 
     # The policy's DEFAULT bounds (issue 14: no per-model tuning), only the dwell scaled.
     assert (cfg.compression.min_dwell_s, cfg.compression.min_rank, cfg.compression.max_rank) == (2.0, 1, 64)
     assert cfg.compression.allowed is None or len(cfg.compression.allowed) == 7
+    # Every run decays its rate to 0 (the target then lies on a falling curve), three times.
+    assert cfg.optimizer.lr_schedule == "cosine" and args.repeats == 3
 
 
 def test_every_adaptive_scenario_has_an_evaluation_at_90_percent_of_its_steps() -> None:
@@ -30,3 +32,18 @@ def test_every_adaptive_scenario_has_an_evaluation_at_90_percent_of_its_steps() 
     assert adaptive.target_of(runs, phases) == 2.0 - 0.01 * 18
     assert adaptive.time_to_target(runs["none"]["eval"], 1.85) == 15.0
     assert adaptive.time_to_target(runs["none"]["eval"], 1.0) is None
+
+
+def test_the_repeat_at_the_median_time_to_target_stands_for_a_choice() -> None:
+    from benchmarks.adaptive.results import combine_repeats, curve_spread
+
+    def repeat(ttt: float | None, final: float, switches: int = 0) -> dict:
+        return {"time_to_target_s": ttt, "total_s": 10.0, "final_eval": final, "foreign_cores": 0.0,
+                "eval": [[15, 1.0, 2.0], [30, 2.0, final]], "switches": [{"to": "fp16"}] * switches}
+
+    entry = combine_repeats([repeat(9.0, 0.40, 1), repeat(None, 0.41), repeat(8.0, 0.39, 2)])
+    assert entry["time_to_target_s"] == 9.0 and entry["switches"] == [{"to": "fp16"}]  # a miss counts as longest
+    assert entry["final_eval"] == 0.40 and [r["time_to_target_s"] for r in entry["repeats"]] == [9.0, None, 8.0]
+    assert combine_repeats([repeat(None, 0.5), repeat(None, 0.5), repeat(3.0, 0.5)])["time_to_target_s"] is None
+    assert curve_spread([repeat(1.0, 0.4), repeat(2.0, 0.4)]) == 0.0
+    assert curve_spread([repeat(1.0, 0.4), repeat(2.0, 0.43)]) == 0.03
