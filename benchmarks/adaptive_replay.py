@@ -15,7 +15,10 @@ backward of the real model (synthetic batch, CPU) gives a sample of gradient mat
 ``compressors.quality.estimate_errors`` gives every candidate's error on it. The running
 error a compressor would show is that estimate times ``--running-over-estimate`` (capped at 1);
 the default is the ratio measured on this repository's CNN by ``benchmarks.adaptive``
-(``--from-benchmark``), else 1.
+(``--from-benchmark``), else 1. Or, with ``--running-exponent k``, a low-rank choice's running
+error is ``estimate ** k`` (the relation ``planning.progress.calibrated_errors`` assumes: on the
+CNN k stayed within 0.22-0.42 while the ratio went from 2 to 14); top-k and sign keep their
+estimate then. A choice whose running error is 1 makes no progress: its time is null.
 
 The target: uncompressed training's progress at 90 % of the steps it takes through the whole
 trace. Every fixed candidate and the adaptive policy run until they reach it.
@@ -50,7 +53,7 @@ from benchmarks.simulate import (
 )
 from planning.costmodel import Link, StepProfile, candidates, predict_step
 from planning.policy import Measurements, PolicyConfig, PolicyState, Switch, decide
-from planning.progress import contraction
+from planning.progress import contraction, rank_of
 from planning.spec import CompressorSpec, make_spec
 
 #: Gbit/s for seconds: 25 Gbit/s with two stretches at 1 Gbit/s.
@@ -59,6 +62,8 @@ DEFAULT_TRACE = "25:300,1:120,25:300,1:120,25:300"
 ALLOWED = ("none", "acpsgd", "powersgd", "topk", "signsgd")
 METHOD_OF = {"none": "ssgd", "acpsgd": "acpsgd", "powersgd": "powersgd", "topk": "topk", "signsgd": "signsgd"}
 REPORT_EVERY_S = 2.0
+#: A run that needs more than this many times the target's steps counts as never reaching it.
+MAX_STEPS_OVER_TARGET = 20
 #: α per ring step for the trace's rates (NCCL over TCP on Ethernet, as benchmarks.simulate assumes).
 ALPHA_S = NETWORKS["10GbE"]["alpha_s"]
 
@@ -150,12 +155,17 @@ class Replay:
         return self._steps[key]
 
     def run(self, target: float, spec: CompressorSpec | None, cfg: PolicyConfig | None = None) -> dict[str, Any]:
-        """Step until the progress reaches ``target``; ``spec`` fixed, or the policy (``cfg``)."""
+        """Step until the progress reaches ``target``; ``spec`` fixed, or the policy (``cfg``).
+        ``time_to_target_s`` is None when it would take over :data:`MAX_STEPS_OVER_TARGET`
+        times the target's steps (a fixed choice that loses everything never gets there)."""
         current = spec or make_spec("none")
         t, progress, steps, state = 0.0, 0.0, 0, PolicyState()
         next_report, switches = 0.0, []
         used: dict[str, float] = {}
         while progress < target:
+            if steps > MAX_STEPS_OVER_TARGET * target:
+                return {"time_to_target_s": None, "steps": steps, "switches": switches,
+                        "seconds_by_choice_and_rate": {k: round(v, 1) for k, v in used.items()}}
             gbit = rate_at(self.trace, t)
             if cfg is not None and t >= next_report:
                 m = Measurements(gbit * 1e9 / 8, 2 * (self.workers - 1) * ALPHA_S, self.workers, self.profile, current,
@@ -191,7 +201,8 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     trace = parse_trace(args.trace)
     cfg = PolicyConfig(allowed=ALLOWED)
     specs = candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)
-    out: dict[str, Any] = {"trace": args.trace, "running_over_estimate": args.running_over_estimate, "models": {}}
+    out: dict[str, Any] = {"trace": args.trace, "running_over_estimate": args.running_over_estimate,
+                           "running_exponent": args.running_exponent, "models": {}}
     for model in args.models:
         shapes = [tuple(s) for s in parameter_shapes(model)]
         calib = (paper.get("calibration") or {}).get(f"{model}/2") or {}
@@ -200,7 +211,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         started = time.monotonic()
         earlier = json.loads(args.errors_from.read_text())["models"].get(model) if args.errors_from else None
         errors = earlier["errors"] if earlier else measured_errors(model, specs, ERROR_BATCH.get(model, 8))
-        running = {label: min(1.0, e * args.running_over_estimate) for label, e in errors.items()}
+        running = running_errors(errors, args.running_over_estimate, args.running_exponent)
         per_model: dict[str, Any] = {"errors": errors, "error_batch": ERROR_BATCH.get(model, 8),
                                      "estimate_s": round(time.monotonic() - started, 1), "workers": {}}
         for workers in args.workers:
@@ -208,31 +219,50 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             target = 0.9 * sim.steps_through_trace(make_spec("none"))
             fixed = {s.label: sim.run(target, s)["time_to_target_s"] for s in specs}
             adaptive = sim.run(target, None, cfg)
-            best = min(fixed, key=fixed.get)  # type: ignore[arg-type]
+            best = min(fixed, key=lambda label: math.inf if fixed[label] is None else fixed[label])
             per_model["workers"][str(workers)] = {
                 "target_progress": round(target, 1), "fixed_time_to_target_s": fixed, "best_fixed": best,
-                "adaptive": adaptive, "adaptive_over_best_fixed": round(adaptive["time_to_target_s"] / fixed[best], 3),
+                "adaptive": adaptive, "adaptive_over_best_fixed": _ratio(adaptive["time_to_target_s"], fixed[best]),
                 "step_s": {f"{s.label}@{g:g}": round(sim.step_s(s, g), 4) for s in specs for g in sorted({x.gbit for x in trace})},
             }
-            print(f"[replay] {model} N={workers}: adaptive {adaptive['time_to_target_s']:.0f} s, best fixed {best} "
-                  f"{fixed[best]:.0f} s ({adaptive['time_to_target_s'] / fixed[best]:.3f}x), none {fixed['none']:.0f} s; "
+            print(f"[replay] {model} N={workers}: adaptive {adaptive['time_to_target_s']} s, best fixed {best} "
+                  f"{fixed[best]} s ({_ratio(adaptive['time_to_target_s'], fixed[best])}x), none {fixed['none']} s; "
                   f"switches {[(s['at_s'], s['to']) for s in adaptive['switches']]}", flush=True)
         out["models"][model] = per_model
     return out
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 3)
+
+
+def running_errors(errors: Mapping[str, float], over_estimate: float, exponent: float | None) -> dict[str, float]:
+    """The running error each choice shows in the replay: ``estimate ** exponent`` for a
+    low-rank choice when an exponent is given, else ``estimate × over_estimate``; capped at 1."""
+    return {label: min(1.0, e ** exponent if exponent is not None and rank_of(label) is not None and e > 0
+                        else e * over_estimate) for label, e in errors.items()}
+
+
 def markdown(doc: Mapping[str, Any]) -> str:
+    exponent = doc.get("running_exponent")
+    running = (f"running error = estimate ** {exponent:g} (low-rank; top-k and sign: the estimate)" if exponent is not None
+               else f"running error = estimate × {doc['running_over_estimate']:g}")
     lines = [f"SIMULATION (cost model of benchmarks.simulate, progress model of planning.progress), "
-             f"trace `{doc['trace']}` (Gbit/s:seconds), running error = estimate × {doc['running_over_estimate']:g}.", "",
+             f"trace `{doc['trace']}` (Gbit/s:seconds), {running}.", "",
              "| model | workers | adaptive s | best fixed | best fixed s | adaptive / best | none s | adaptive's choices (at Gbit/s) |",
              "|---|---:|---:|---|---:|---:|---:|---|"]
     for model, m in doc["models"].items():
         for workers, r in m["workers"].items():
             moves = ", ".join(f"{s['to']} @ {s['at_s']:.0f} s ({s['gbit']:g})" for s in r["adaptive"]["switches"]) or "-"
             fixed = r["fixed_time_to_target_s"]
-            lines.append(f"| {model} | {workers} | {r['adaptive']['time_to_target_s']:.0f} | {r['best_fixed']} | "
-                         f"{fixed[r['best_fixed']]:.0f} | {r['adaptive_over_best_fixed']:.3f} | {fixed['none']:.0f} | {moves} |")
+            lines.append(f"| {model} | {workers} | {_seconds(r['adaptive']['time_to_target_s'])} | {r['best_fixed']} | "
+                         f"{_seconds(fixed[r['best_fixed']])} | {_seconds(r['adaptive_over_best_fixed'], '.3f')} | "
+                         f"{_seconds(fixed['none'])} | {moves} |")
     return "\n".join(lines) + "\n"
+
+
+def _seconds(value: float | None, form: str = ".0f") -> str:
+    return "-" if value is None else format(value, form)
 
 
 def ratio_from_benchmark(path: Path) -> float | None:
@@ -251,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", nargs="+", type=int, default=[8, 32, 64])
     parser.add_argument("--running-over-estimate", type=float, default=None,
                         help="running error / estimated error (default: measured by --from-benchmark, else 1)")
+    parser.add_argument("--running-exponent", type=float, default=None,
+                        help="a low-rank choice's running error is estimate ** this (0 < k <= 1); "
+                             "instead of --running-over-estimate")
     parser.add_argument("--from-benchmark", type=Path, default=REPO_ROOT / "benchmarks/results/adaptive_quick.json")
     parser.add_argument("--paper-json", type=Path, default=REPO_ROOT / "benchmarks/results/paper.json")
     parser.add_argument("--cost-json", type=Path, default=REPO_ROOT / "benchmarks/results/compressor_cost.json")
@@ -258,6 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="reuse the measured errors of an earlier replay JSON (skips the backward passes)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.running_exponent is not None:
+        if args.running_over_estimate is not None:
+            parser.error("--running-exponent: give it or --running-over-estimate, not both")
+        if not 0 < args.running_exponent <= 1:
+            parser.error(f"--running-exponent: must be in (0, 1], got {args.running_exponent}")
+        args.running_over_estimate = 1.0
     if args.running_over_estimate is None:
         args.running_over_estimate = ratio_from_benchmark(args.from_benchmark) or 1.0
     if not args.running_over_estimate >= 1 or not math.isfinite(args.running_over_estimate):

@@ -42,3 +42,17 @@ def test_the_policy_compresses_only_on_the_slow_stretch_and_beats_every_fixed_ch
     assert slow and slow[0]["to"] != "none"  # compresses on the slow stretch
     assert fast and fast[-1]["to"] == "none"  # and turns compression off when the link is fast again
     assert adaptive["time_to_target_s"] < min(fixed.values())
+
+
+def test_the_running_error_by_exponent_and_a_choice_that_loses_everything():
+    e = {"none": 0.0, "acpsgd-r4": 0.25, "topk-0.01": 0.9, "signsgd": 0.8}
+    by_exponent = replay.running_errors(e, 1.0, 0.5)
+    assert by_exponent == {"none": 0.0, "acpsgd-r4": 0.5, "topk-0.01": 0.9, "signsgd": 0.8}  # only low rank moves
+    assert replay.running_errors(e, 2.0, None) == {"none": 0.0, "acpsgd-r4": 0.5, "topk-0.01": 1.0, "signsgd": 1.0}
+    # A fixed choice whose running error is 1 makes no progress: it never reaches the target.
+    trace = replay.parse_trace("25:60")
+    lost = {label: 1.0 if label != "none" else 0.0 for label in errors()}
+    sim = replay.Replay(PROFILE, 8, trace, lost, lost)
+    target = 0.9 * sim.steps_through_trace(make_spec("none"))
+    assert sim.run(target, make_spec("signsgd"))["time_to_target_s"] is None
+    assert sim.run(target, make_spec("none"))["time_to_target_s"] > 0
