@@ -121,12 +121,12 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
     The estimates (``compressors.quality.estimate_errors``) are the best a compressor could do
     on the raw gradient; the running compressor, with error feedback and a warm start, loses
     more, and the more so the smaller the estimate. Measured on this repository's CNN (the
-    group's running error of a label against its own estimate at the time; 18 dwells of
-    ACP-SGD and PowerSGD at ranks 4-16 in the adaptive runs of two benchmark runs): the ratio
-    running / estimate went from 2.1 (estimates near 0.3) to 14 (estimate 0.035), while
-    ``k = ln running / ln estimate`` stayed within 0.22-0.42. So a measured label calibrates
-    the others by its exponent, not by a ratio (a ratio taken at rank 4 made rank 16 look
-    3-5x better than it ran):
+    group's running error of a label against its own estimate at the time, median per dwell;
+    37 dwells of ACP-SGD and PowerSGD at ranks 4-32 in the adaptive runs of three benchmark
+    runs): the ratio running / estimate went from 2.1 (estimates near 0.3) to 19 (estimate
+    0.03), while ``k = ln running / ln estimate`` stayed within 0.15-0.42. So a measured label
+    calibrates the others by its exponent, not by a ratio (a ratio taken at rank 4 made rank
+    16 look 3-5x better than it ran):
 
     - a label that has run is judged by its measured running error;
     - a rank of a compressor that has run at two or more ranks, by the power law
