@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -283,10 +283,23 @@ def measure(cases: Mapping[str, Case], warmup: int, steps: int, label: str = "co
 ONE_BUCKET_BYTES = float("inf")
 
 
+#: Default groups that :func:`single_process_group` ended, kept alive until the interpreter exits.
+ENDED_GROUPS: list[Any] = []
+
+
 @contextlib.contextmanager
 def single_process_group(device: torch.device = torch.device("cpu")) -> Iterator[None]:
     """A one-process group (gloo on CPU, NCCL on a GPU): the hooks' collectives run, and cost
-    next to nothing. An in-memory store: no port, no environment variables."""
+    next to nothing. An in-memory store: no port, no environment variables.
+
+    The ended group's object is kept (:data:`ENDED_GROUPS`), not dropped. The hooks' future
+    callbacks (ours and PyTorch's PowerSGD hook) hold the group in their closures, and gloo
+    frees a completed callback on its own worker thread. When that frees the last reference,
+    the group's destructor joins the very thread it runs on: ``std::system_error`` ("Resource
+    deadlock avoided"), terminate, abort. CI saw this once: the pytest process died in the
+    test after one that had used this group. A group kept here is destroyed at exit, on the
+    main thread.
+    """
     if device.type == "cuda":
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
     else:
@@ -294,6 +307,7 @@ def single_process_group(device: torch.device = torch.device("cpu")) -> Iterator
     try:
         yield
     finally:
+        ENDED_GROUPS.append(dist.group.WORLD)
         dist.destroy_process_group()
 
 

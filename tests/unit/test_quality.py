@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -135,11 +134,10 @@ def test_every_candidate_of_the_default_bounds_gets_an_estimate():
 
 @pytest.fixture
 def one_process_group():
-    from support.servers import free_port  # noqa: PLC0415
+    from benchmarks.compressor_cost import single_process_group  # noqa: PLC0415
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with single_process_group():
+        yield
 
 
 def test_the_hook_measures_the_running_error_and_samples_gradients(one_process_group):

@@ -1,12 +1,10 @@
 """``workers.session`` in one process (a one-rank gloo group): the user's loop is timed by
 hooks, stepped, reported to a coordinator, and follows the coordinator's pin."""
 
-import socket
 
 import httpx
 import pytest
 import torch
-import torch.distributed as dist
 from support.api import SMALLEST_SPEC, submit
 from support.servers import wait_for
 from torch import nn
@@ -18,12 +16,10 @@ from workers.session import JobLink, compression_config, start
 
 @pytest.fixture
 def one_rank_group():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    from benchmarks.compressor_cost import single_process_group
+
+    with single_process_group():
+        yield
 
 
 def train(session, model, steps, optimizer):
