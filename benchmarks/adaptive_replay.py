@@ -16,8 +16,8 @@ backward of the real model (synthetic batch, CPU) gives a sample of gradient mat
 error a compressor would show is that estimate times ``--running-over-estimate`` (capped at 1);
 the default is the ratio measured on this repository's CNN by ``benchmarks.adaptive``
 (``--from-benchmark``), else 1. Or, with ``--running-exponent k``, a low-rank choice's running
-error is ``estimate ** k`` (the relation ``planning.progress.calibrated_errors`` assumes: on the
-CNN k stayed within 0.22-0.42 while the ratio went from 2 to 14); top-k and sign keep their
+error is ``estimate ** k`` (the relation ``planning.progress.calibrated_errors`` assumes; its
+docstring has the measured range of k); top-k and sign keep their
 estimate then. A choice whose running error is 1 makes no progress: its time is null.
 
 The target: uncompressed training's progress at 90 % of the steps it takes through the whole
