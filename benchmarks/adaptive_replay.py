@@ -39,6 +39,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median_high
 from typing import Any, Mapping, Sequence
 
 from benchmarks.rate_pairs import parse_rate_pairs
@@ -271,7 +272,7 @@ def ratio_from_benchmark(path: Path) -> float | None:
         return None
     doc = json.loads(path.read_text())
     ratios = [r for s in doc.get("scenarios", {}).values() for r in s.get("runs", {}).get("adaptive", {}).get("error_ratios", [])]
-    return sorted(ratios)[len(ratios) // 2] if ratios else None
+    return median_high(ratios) if ratios else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

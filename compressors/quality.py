@@ -19,7 +19,16 @@ gradient (uncompressed tensors count in ``‖x‖`` with no error):
   one rank). ``‖x̄‖`` needs every rank's data, so each rank keeps the same
   ``GROUP_COORDINATES`` seeded coordinates of ``x`` and of ``x − C(x)`` per step, and one
   small all-reduce between steps sums them: a ratio estimate from a uniform sample of the
-  gradient's coordinates, 16 KB in one all-reduce per exchange.
+  gradient's coordinates, 24 KB (x, x − C(x) and g) in one all-reduce per exchange.
+* **the group's update efficiency**, by :func:`group_error` from the same exchange:
+  ``η = ⟨ū, ḡ⟩ / ‖ḡ‖²``, the applied update ``ū = x̄ − ē`` projected on the fresh mean
+  gradient ``ḡ``: the share of an uncompressed step's first-order loss decrease the step
+  makes. The policy judges a running choice by it (``planning.progress``), not by ``ε``:
+  ``ε`` compares what is lost with ``x = g + e``, which holds the residual of earlier steps,
+  and across compressors it ranks the damage the wrong way round where their residuals
+  differ. Measured on the CNN (one rank, 300 steps, median over steps 100-300): ACP-SGD r16
+  ε 0.58, η 0.69; PowerSGD r4 ε 0.73, η 0.76; training agrees with η (held-out loss 0.3883
+  against 0.3821; uncompressed 0.3808). The exchange carries ``g`` at the coordinates too.
 * **every candidate's estimate**, every few steps, by :func:`estimate_errors` on a sample of
   this step's gradient matrices (the way L-GreCo measures per-layer error): the best rank-r
   error from one ``svdvals`` per matrix for all ranks at once (PowerSGD/ACP-SGD's warm-started
@@ -72,9 +81,10 @@ class _StepSums:
     keys: list[str] = field(default_factory=list)  # tensors whose residual after encoding is x − C(x)
     warm: bool = False  # a warm-up step (plain all-reduce): no compression to measure
     measured: bool = True  # False: a step the meter skips (ErrorMeter.skip)
-    #: By tensor key: its sampled coordinates, x there and x − C(x) there (None: read from the
-    #: residual once the step completed), for :func:`group_error`.
-    at_coordinates: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = field(default_factory=dict)
+    #: By tensor key: its sampled coordinates, x there, x − C(x) there (None: read from the
+    #: residual once the step completed) and g there, for :func:`group_error`.
+    at_coordinates: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]] = field(
+        default_factory=dict)
 
 
 class ErrorMeter:
@@ -92,14 +102,16 @@ class ErrorMeter:
         #: The group's ε (:func:`group_error`) from the latest exchange, and the label of the
         #: compressor that ran the step it measured (a switch may follow the exchange).
         self.group_last: float | None = None
+        #: The group's update efficiency η (:func:`group_error`) of that step.
+        self.group_efficiency: float | None = None
         self.group_label: str | None = None
         self._sample_label: str | None = None
         #: Elements of all trained parameters (``GradientSync.trained_elements``): spreads the
         #: sampled coordinates over the tensors; None spreads ``coordinates`` over each tensor.
         self.total_elements = total_elements
         self.coordinates = coordinates
-        #: The latest measured step's ``[x at the coordinates, x − C(x) at them]`` (float64),
-        #: None after a warm-up or undone step.
+        #: The latest measured step's ``[x at the coordinates, x − C(x) at them, g at them]``
+        #: (float64), None after a warm-up or undone step.
         self.coordinate_sample: torch.Tensor | None = None
         self._indices: dict[tuple[str, int], torch.Tensor] = {}
         #: Steps to run unmeasured before the next measured one (:meth:`skip`).
@@ -194,14 +206,15 @@ class ErrorMeter:
 
     def _keep_coordinates(self, key: str, grad: torch.Tensor, residual: torch.Tensor | None,
                           lost: torch.Tensor | None, lost_in_residual: bool) -> None:
-        """Keep x = g + e_old and x − C(x) at ``key``'s coordinates (the latter from the
+        """Keep x = g + e_old, x − C(x) and g at ``key``'s coordinates (x − C(x) from the
         residual at :meth:`step_done` when the compressor leaves it there)."""
         where = self._coordinates(key, grad.numel())
-        x_at = grad[where].double()
+        g_at = grad[where].double()
+        x_at = g_at.clone()
         if residual is not None and residual.numel() == grad.numel():
             x_at += residual.reshape(-1)[where].double()
         lost_at = None if lost_in_residual else (lost[where].double() if lost is not None else torch.zeros_like(x_at))
-        self._sums.at_coordinates[key] = (where, x_at, lost_at)
+        self._sums.at_coordinates[key] = (where, x_at, lost_at, g_at)
 
     def skip(self, steps: int) -> None:
         """Measure only after ``steps`` more steps (then every step until called again): the
@@ -225,20 +238,21 @@ class ErrorMeter:
         return found
 
     def _gather_coordinates(self, sums: _StepSums, compressor: Compressor) -> torch.Tensor | None:
-        """``[x..., x − C(x)...]`` at the coordinates, tensors in key order (the same on every
-        rank whatever order the buckets came in)."""
+        """``[x..., x − C(x)..., g...]`` at the coordinates, tensors in key order (the same on
+        every rank whatever order the buckets came in)."""
         if not sums.at_coordinates:
             return None
         residuals = compressor.memory.peek() if isinstance(compressor, ErrorFeedbackCompressor) else {}
-        xs, losts = [], []
+        xs, losts, gs = [], [], []
         for key in sorted(sums.at_coordinates):
-            where, x_at, lost_at = sums.at_coordinates[key]
+            where, x_at, lost_at, g_at = sums.at_coordinates[key]
             if lost_at is None:
                 residual = residuals.get(key)
                 lost_at = residual.reshape(-1)[where].double() if residual is not None else torch.zeros_like(x_at)
             xs.append(x_at)
             losts.append(lost_at)
-        return torch.cat(xs + losts)
+            gs.append(g_at)
+        return torch.cat(xs + losts + gs)
 
     def request_sample(self) -> None:
         """Keep the next step's gradient matrices (call between steps)."""
@@ -250,33 +264,49 @@ class ErrorMeter:
         return sample
 
 
+def update_efficiency(x: torch.Tensor, lost: torch.Tensor, grad: torch.Tensor) -> float | None:
+    """``η = ⟨x − lost, g⟩ / ‖g‖²`` clamped to [0, 1]: the share of an uncompressed step's
+    first-order loss decrease that the applied update ``x − lost`` makes (1 for ``none``;
+    None when ``g`` is 0). Clamped: a sampled estimate can stray past either end."""
+    total = float(torch.dot(grad, grad))
+    if not total > 0 or not math.isfinite(total):
+        return None
+    value = float(torch.dot(x - lost, grad)) / total
+    return min(1.0, max(0.0, value)) if math.isfinite(value) else None
+
+
 def group_error(meter: ErrorMeter, group: dist.ProcessGroup | None = None) -> float | None:
     """Collective (every rank of ``group``, between steps): the group's relative error
     ``‖ē‖ / ‖x̄‖`` of the latest measured step, estimated at the meter's coordinates, also
-    kept as ``meter.group_last``. On one rank it is the rank's own ``meter.last``. None when
-    some rank has no measured step (a warm-up or undone step: they happen on all ranks alike).
+    kept as ``meter.group_last``; the group's :func:`update_efficiency` of that step goes to
+    ``meter.group_efficiency``. On one rank the error is the rank's own ``meter.last``. None
+    when some rank has no measured step (a warm-up or undone step: they happen on all ranks
+    alike).
     """
     meter.group_label = meter._sample_label
+    sample = meter.coordinate_sample
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         meter.group_last = meter.last
+        meter.group_efficiency = None if sample is None else update_efficiency(*sample.chunk(3))
         return meter.last
-    # One all-reduce of [ranks with a sample, Σ x at the coordinates, Σ (x − C(x)) there]: its
-    # length comes from the coordinates every rank has drawn (the same keys on every rank), so
-    # it matches across ranks even where one had no sample, which the count then shows.
-    length = 2 * meter.coordinate_count()
-    sample = meter.coordinate_sample
+    # One all-reduce of [ranks with a sample, Σ x at the coordinates, Σ (x − C(x)) there,
+    # Σ g there]: its length comes from the coordinates every rank has drawn (the same keys
+    # on every rank), so it matches across ranks even where one had no sample, which the
+    # count then shows.
+    length = 3 * meter.coordinate_count()
     have = sample is not None and sample.numel() == length
     summed = torch.zeros(1 + length, dtype=torch.float64)
     summed[0] = 1.0 if have else 0.0
     if have:
         assert sample is not None
         summed[1:] = sample
-    dist.all_reduce(summed, group=group)  # N·x̄ and N·ē (N cancels in the ratio)
+    dist.all_reduce(summed, group=group)  # N·x̄, N·ē and N·ḡ (N cancels in both ratios)
     if length == 0 or int(summed[0]) != dist.get_world_size(group):
-        meter.group_last = None
+        meter.group_last = meter.group_efficiency = None
         return None
-    x, lost = summed[1:].chunk(2)
+    x, lost, grad = summed[1:].chunk(3)
     meter.group_last = _ratio(float(torch.dot(lost, lost)), float(torch.dot(x, x)))
+    meter.group_efficiency = update_efficiency(x, lost, grad)
     return meter.group_last
 
 

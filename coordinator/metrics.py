@@ -87,6 +87,10 @@ class CoordinatorMetrics:
             "gradwire_compression_error", "Relative compression error ||x - C(x)|| / ||x|| of the "
             "running compressor in its latest reported step (x: gradient plus error feedback)",
             ["job", "compressor"], registry=r)
+        self.update_efficiency = Gauge(
+            "gradwire_update_efficiency", "Share of an uncompressed step's first-order loss decrease "
+            "the running compressor's latest measured step made, <u, g> / ||g||^2 (what the adaptive "
+            "policy judges it by)", ["job", "compressor"], registry=r)
         self.compression_error_estimate = Gauge(
             "gradwire_compression_error_estimate", "Each candidate's estimated relative compression "
             "error on a sample of the job's gradients (the adaptive policy's quality input)",
@@ -134,6 +138,8 @@ class CoordinatorMetrics:
                 self._labels(self.compression_ratio, job_id, compressor).set(ratio)  # type: ignore[attr-defined]
             if t.compression_error is not None:
                 self._labels(self.compression_error, job_id, _label(t)).set(t.compression_error)  # type: ignore[attr-defined]
+            if t.update_efficiency is not None:
+                self._labels(self.update_efficiency, job_id, _label(t)).set(t.update_efficiency)  # type: ignore[attr-defined]
             for candidate, error in t.compression_error_estimates.items():
                 self._labels(self.compression_error_estimate, job_id, candidate).set(error)  # type: ignore[attr-defined]
             if t.compressor:

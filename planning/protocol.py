@@ -72,6 +72,10 @@ class Telemetry(_Strict):
     #: The running compressor's relative error ‖x − C(x)‖ / ‖x‖ in the last step
     #: (``compressors.quality.ErrorMeter``): what the job loses now.
     compression_error: float | None = Field(default=None, ge=0, le=1)
+    #: The share of an uncompressed step's first-order loss decrease the last measured step
+    #: made, ⟨ū, ḡ⟩ / ‖ḡ‖² (``compressors.quality.update_efficiency``): what the adaptive
+    #: policy judges the running compressor by.
+    update_efficiency: float | None = Field(default=None, ge=0, le=1)
     #: Every candidate's estimated relative error on a sample of this job's gradient
     #: matrices, by label (``acpsgd-r4``): the adaptive policy's quality input.
     compression_error_estimates: dict[str, float] = Field(default={}, max_length=256)

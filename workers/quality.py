@@ -1,4 +1,4 @@
-"""The quality signal: the group's compression error at every decision exchange, and rank 0's
+"""The quality signal: the group's compression error and update efficiency at every decision exchange, and rank 0's
 estimates of the candidates every few seconds within a share of the probe budget.
 
 Glue between ``compressors.quality`` (the measurements, torch) and the telemetry: every rank
@@ -80,6 +80,11 @@ class QualitySignal:
         """The group's error from the latest exchange if compressor ``label`` ran the step it
         measured (else None: a switch followed the exchange)."""
         return self.meter.group_last if self.meter.group_label == label else None
+
+    def running_efficiency(self, label: str) -> float | None:
+        """The group's update efficiency η from the latest exchange if compressor ``label``
+        ran the step it measured (``compressors.quality.update_efficiency``)."""
+        return self.meter.group_efficiency if self.meter.group_label == label else None
 
     def overhead(self) -> dict[str, float]:
         """Seconds spent measuring, and their share of the run so far."""

@@ -151,6 +151,7 @@ class Reporter:
             compute_jitter_seconds=timer.compute_jitter_s(),
             grad_norm=float(grad_norm),
             compression_error=self.quality.running_error(spec.label),
+            update_efficiency=self.quality.running_efficiency(spec.label),
             compression_error_estimates=self.quality.estimates,
             compressor=spec.name,
             compressor_rank=spec.rank,

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median_high
 from typing import Any, Sequence
 
 from benchmarks.adaptive.jobs import HeldOut, JobRun, rank_entry, run_job
@@ -93,8 +94,7 @@ def run_scenario(tb: Testbed, args: argparse.Namespace, name: str, workdir: Path
                   f"final held-out {result['final_eval']:.4f}, "
                   f"switches {[(s['to'], s['at_s']) for s in result['switches']]}, foreign load {loads} cores, "
                   f"quality overhead {result['quality_overhead']}", flush=True)
-    targets = sorted(target_of({"none": r}, phases) for r in repeats["none"])
-    target = targets[len(targets) // 2]
+    target = median_high(target_of({"none": r}, phases) for r in repeats["none"])
     for results in repeats.values():
         for result in results:
             result["time_to_target_s"] = time_to_target(result["eval"], target)

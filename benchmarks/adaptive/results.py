@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from statistics import median_high
 from typing import Any, Sequence
 
 from benchmarks.adaptive.jobs import JobRun
@@ -31,7 +32,7 @@ def bandwidth_by_phase(run: JobRun, phases: Sequence[Phase]) -> list[float | Non
         middle = (start + end) // 2
         values = sorted(r["bandwidth_bytes_per_second"] * 8e-6 for r in run.reports
                         if middle <= r["step"] <= end and r.get("bandwidth_bytes_per_second"))
-        out.append(round(values[len(values) // 2], 1) if values else None)
+        out.append(round(median_high(values), 1) if values else None)
         start = end
     return out
 
@@ -77,6 +78,7 @@ def run_result(run: JobRun, phases: Sequence[Phase], curve: Sequence[tuple[int, 
     """One run's JSON entry, without the target (set once uncompressed training has run)."""
     evals = eval_points(run, curve)
     errors = [r["compression_error"] for r in run.reports if r.get("compression_error") is not None]
+    efficiencies = [r["update_efficiency"] for r in run.reports if r.get("update_efficiency") is not None]
     return {
         "time_to_target_s": None,
         "total_s": round(run.wall_at(sum(p.steps for p in phases)) - run.wall_at(1), 3),
@@ -85,7 +87,8 @@ def run_result(run: JobRun, phases: Sequence[Phase], curve: Sequence[tuple[int, 
         "switches": switches(run),
         "foreign_cores": run.foreign_cores,
         "bandwidth_mbit": bandwidth_by_phase(run, phases),
-        "compression_error_median": round(sorted(errors)[len(errors) // 2], 4) if errors else None,
+        "compression_error_median": round(median_high(errors), 4) if errors else None,
+        "update_efficiency_median": round(median_high(efficiencies), 4) if efficiencies else None,
         "quality_overhead": run.summary.get("quality_overhead"),
         "error_ratios": _median_only(running_over_estimate(run.reports)),
         "final_loss": run.summary["final_loss"],
@@ -103,8 +106,7 @@ def combine_repeats(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """
     order = sorted(range(len(repeats)), key=lambda i: _or_inf(repeats[i]["time_to_target_s"]))
     middle = repeats[order[len(order) // 2]]
-    finals = sorted(r["final_eval"] for r in repeats)
-    return {**middle, "final_eval": finals[len(finals) // 2],
+    return {**middle, "final_eval": median_high(r["final_eval"] for r in repeats),
             "repeats": [{"time_to_target_s": r["time_to_target_s"], "total_s": r["total_s"],
                          "final_eval": r["final_eval"], "foreign_cores": r["foreign_cores"],
                          "switches": len(r["switches"])} for r in repeats]}
@@ -123,7 +125,7 @@ def curve_spread(repeats: Sequence[dict[str, Any]]) -> float:
 
 
 def _median_only(values: list[float]) -> list[float]:
-    return [sorted(values)[len(values) // 2]] if values else []
+    return [median_high(values)] if values else []
 
 
 def is_adaptive(label: str) -> bool:

@@ -51,13 +51,18 @@ def test_compression_error_is_exported_by_compressor_and_bounded_at_the_door():
 
     metrics = CoordinatorMetrics(lambda: {}, grace_s=60)
     report = Telemetry(**telemetry(5, compressor="acpsgd", compressor_rank=4, compression_error=0.42,
+                                   update_efficiency=0.61,
                                    compression_error_estimates={"acpsgd-r4": 0.4, "none": 0.0}))
     metrics.observe_report("j", report, previous_step=0, shapes=None)
     text = generate_latest(metrics.registry).decode()
     assert 'gradwire_compression_error{compressor="acpsgd-r4",job="j"} 0.42' in text
+    assert 'gradwire_update_efficiency{compressor="acpsgd-r4",job="j"} 0.61' in text
     assert 'gradwire_compression_error_estimate{compressor="acpsgd-r4",job="j"} 0.4' in text
     assert 'gradwire_compression_error_estimate{compressor="none",job="j"} 0.0' in text
     for bad in ({"compression_error": 1.5}, {"compression_error": float("nan")},
                 {"compression_error_estimates": {"acpsgd-r4": -0.1}}, {"compression_error_estimates": {"": 0.1}}):
         with pytest.raises(ValidationError, match="compression_error"):
             Telemetry(**telemetry(5, **bad))
+    for bad_efficiency in (1.2, -0.1, float("nan")):
+        with pytest.raises(ValidationError, match="update_efficiency"):
+            Telemetry(**telemetry(5, update_efficiency=bad_efficiency))

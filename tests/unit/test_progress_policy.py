@@ -237,3 +237,43 @@ def test_the_worker_report_carries_the_running_compressor_label():
     assert m.running_error == ("acpsgd-r8", 0.6) and m.errors == {"acpsgd-r8": 0.2}
     bare = policy_measurements(Telemetry(step=5, bandwidth_bytes_per_second=MBIT50), PROFILE, make_spec("none"))
     assert bare.running_error is None and bare.errors is None
+
+
+def test_a_running_choice_is_judged_by_its_measured_update_efficiency():
+    """δ = η for a choice that has run: the report's efficiency, passed as the error whose
+    contraction it is; the relative error only where a worker reports no efficiency."""
+    from planning.controller import policy_measurements
+    from planning.progress import error_of_efficiency
+    from planning.protocol import Telemetry
+
+    t = Telemetry(step=5, bandwidth_bytes_per_second=MBIT50, compressor="powersgd", compressor_rank=4,
+                  compression_error=0.73, update_efficiency=0.76)
+    m = policy_measurements(t, PROFILE, make_spec("powersgd", rank=4))
+    assert m.running_error is not None and m.running_error[0] == "powersgd-r4"
+    assert contraction(m.running_error[1]) == pytest.approx(0.76)
+    assert error_of_efficiency(1.0) == 0.0 and error_of_efficiency(0.0) == 1.0
+    assert error_of_efficiency(1.3) == 0.0 and error_of_efficiency(-0.2) == 1.0  # a sample's stray is clamped
+    with pytest.raises(ValueError, match="efficiency"):
+        error_of_efficiency(math.nan)
+
+
+def test_the_update_efficiency_ranks_acpsgd_r16_below_powersgd_r4_where_the_error_did_not():
+    """The measured inversion (benchmark CNN): ε said ACP-SGD r16 (0.58) loses less than
+    PowerSGD r4 (0.73); training and η (0.69 vs 0.76) say the opposite. With both measured and
+    their steps about as fast (one worker: no link), the policy on PowerSGD r4 stays when it
+    judges by η, and left it for ACP-SGD r16 when it judged by ε."""
+    from planning.controller import policy_measurements
+    from planning.protocol import Telemetry
+
+    def verdict(acpsgd_r16_before: float, **running: float):
+        t = Telemetry(step=500, bandwidth_bytes_per_second=MBIT50, compressor="powersgd", compressor_rank=4,
+                      compression_error_estimates={"acpsgd-r16": 0.3, "powersgd-r4": 0.5}, **running)
+        m = policy_measurements(t, PROFILE, make_spec("powersgd", rank=4))
+        assert m is not None
+        cfg = PolicyConfig(allowed=("powersgd", "acpsgd"), critical_initial_steps=0, gain_threshold=0.05)
+        return decide(PolicyState(measured=(("acpsgd-r16", acpsgd_r16_before),)), m, cfg, now=100.0)[0]
+
+    by_error = verdict(0.58, compression_error=0.73)
+    assert isinstance(by_error, Switch) and by_error.spec.label == "acpsgd-r16"
+    by_efficiency = verdict(math.sqrt(1 - 0.69), compression_error=0.73, update_efficiency=0.76)
+    assert isinstance(by_efficiency, Keep), by_efficiency

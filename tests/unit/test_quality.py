@@ -219,4 +219,4 @@ def test_after_an_exchange_the_meter_measures_only_the_step_the_next_one_reads()
     assert len(meter.take_sample()) == 2  # conv.weight and fc.weight of step 1
     assert kept[2] is not None and kept[3] is not None and kept[3] is not kept[2]  # then every step
     assert 0.05 < errors[2] < 1 and 0.05 < errors[3] < 1
-    assert kept[2].numel() == 2 * sum(max(1, round(1024 * math.prod(s) / meter.total_elements)) for s in SHAPES.values())
+    assert kept[2].numel() == 3 * sum(max(1, round(1024 * math.prod(s) / meter.total_elements)) for s in SHAPES.values())
