@@ -142,6 +142,11 @@ class JobRunner:
         return dict(self._outcome, started_at=self._started_at)
 
 
+def _actor_dead(state: Any, actor_id: str) -> bool:
+    """Whether the GCS actor table calls ``actor_id`` dead (or no longer knows it)."""
+    return state.actor_table(actor_id).get("State", "DEAD") == "DEAD"
+
+
 def _jsonable(value: Any) -> Any:
     import json
 
@@ -286,6 +291,16 @@ class RayLauncher:
         coordinator exited and the next job sat at step 0. (Ray Train's own cleaner actor
         needs the dashboard's state API, which a head without a dashboard lacks.) A group of
         this driver's job whose creating actor is dead has no one left to use it: remove it.
+
+        "Dead" is read from the actor table, not only from the group's ``creator_actor_dead``
+        flag: the GCS sets that flag once, for the groups registered when it processes the
+        actor's death, and the controller's process outlives that moment (the kill reaches it
+        later, seconds later on a loaded node). A controller that sees its workers die in that
+        window — this sweep removing its group does that — restarts its worker group
+        (``max_failures``) and registers a new group with the flag never set. That group was
+        kept for ever: both CPUs held, the next job's group pending, the next job at step 0.
+        Groups of a finished driver job (an earlier coordinator process) whose creator is dead
+        are removed too: Ray would have, had it known the creator was dead.
         """
         import ray
         from ray._private.state import state
@@ -296,7 +311,9 @@ class RayLauncher:
         for raw in state._connect_and_get_accessor().get_placement_group_table():
             pg = gcs_pb2.PlacementGroupTableData.FromString(raw)
             if (pg.state == gcs_pb2.PlacementGroupTableData.REMOVED or pg.is_detached or not pg.creator_actor_id
-                    or not pg.creator_actor_dead or pg.creator_job_dead or pg.creator_job_id.hex() != job_id):
+                    or (pg.creator_job_id.hex() != job_id and not pg.creator_job_dead)):
+                continue
+            if not pg.creator_actor_dead and not _actor_dead(state, pg.creator_actor_id.hex()):
                 continue
             log.warning("removing placement group %s of a stopped runner", pg.placement_group_id.hex())
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(pg.placement_group_id)))
