@@ -143,8 +143,15 @@ class JobRunner:
 
 
 def _actor_dead(state: Any, actor_id: str) -> bool:
-    """Whether the GCS actor table calls ``actor_id`` dead (or no longer knows it)."""
-    return state.actor_table(actor_id).get("State", "DEAD") == "DEAD"
+    """Whether the GCS actor table calls ``actor_id`` dead (or no longer knows it: an empty
+    entry). A failed look-up counts as alive: the sweep then keeps the group and looks again
+    at its next round, where removing a group a live job needs could not be undone."""
+    try:
+        return state.actor_table(actor_id).get("State", "DEAD") == "DEAD"
+    except Exception:  # noqa: BLE001 - a GCS hiccup must not end the sweep
+        log.warning("could not read actor %s from the GCS; keeping its placement groups this round", actor_id,
+                    exc_info=True)
+        return False
 
 
 def _jsonable(value: Any) -> Any:
@@ -315,7 +322,8 @@ class RayLauncher:
                 continue
             if not pg.creator_actor_dead and not _actor_dead(state, pg.creator_actor_id.hex()):
                 continue
-            log.warning("removing placement group %s of a stopped runner", pg.placement_group_id.hex())
+            log.warning("removing placement group %s: its creator actor %s is dead", pg.placement_group_id.hex(),
+                        pg.creator_actor_id.hex())
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(pg.placement_group_id)))
 
     def close(self) -> None:
