@@ -223,7 +223,7 @@ class ErrorMeter:
         self._skip_steps = max(0, steps)
 
     def coordinate_count(self) -> int:
-        """Coordinates drawn so far over all tensors (a sample holds twice as many values)."""
+        """Coordinates drawn so far over all tensors (a sample holds three times as many values: x, x − C(x) and g)."""
         return sum(where.numel() for where in self._indices.values())
 
     def _coordinates(self, key: str, numel: int) -> torch.Tensor:

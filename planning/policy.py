@@ -27,7 +27,8 @@ Algorithm of :func:`decide`:
    the objective is progress per second, ``δ(ε) / step_s`` (:mod:`planning.progress`),
    i.e. the candidate with the least *time per unit of progress* ``τ = step_s / δ`` wins
    (ties go to the less lossy one). Estimates are calibrated by what the running
-   compressor really loses (``Measurements.running_error``, averaged per label in the state;
+   compressor really loses (``Measurements.running_error``: the error whose contraction is
+   the running choice's measured update efficiency η, averaged per label in the state;
    :func:`planning.progress.calibrated_errors`). A lossy candidate with no error is not
    chosen while other candidates have one; with no errors at all, ``τ`` is the step time
    (the policy of before the quality signal).
@@ -131,7 +132,8 @@ class Measurements:
     #: Relative compression error by candidate label (``compressors.quality.estimate_errors``);
     #: None: unknown, judge by step time alone.
     errors: Mapping[str, float] | None = None
-    #: (label, error) of the compressor that ran the reported step (``ErrorMeter``).
+    #: (label, error) of the compressor that ran the reported step: √(1 − η) of its measured
+    #: update efficiency (``planning.progress.error_of_efficiency``), else its relative error.
     running_error: tuple[str, float] | None = None
 
 

@@ -44,7 +44,9 @@ def error_of_efficiency(efficiency: float) -> float:
     across ACP-SGD and PowerSGD ``ε`` ranked the damage the wrong way round. On the
     benchmark's CNN (one rank, median over steps 100-300; held-out loss after 300 steps,
     uncompressed 0.3808): ACP-SGD r16 ε 0.58 → δ 0.67, η 0.69, loss 0.3883; PowerSGD r4
-    ε 0.73 → δ 0.47, η 0.76, loss 0.3821; ACP-SGD r4 ε 0.86, η 0.45, loss 0.3988. Passing
+    ε 0.73 → δ 0.47, η 0.76, loss 0.3821; ACP-SGD r4 ε 0.86, η 0.46, loss 0.3988 or 0.4125
+    (two runs). η is no model of the loss (PowerSGD r2: η 0.66, loss 0.3740), but it ranks
+    these pairs as training does, and ε did not. Passing
     it through ``ε`` keeps the estimates' calibration (:func:`calibrated_errors`) as it is:
     a measured running figure is a running figure whichever the quantity.
     """

@@ -70,7 +70,8 @@ class QualitySignal:
 
     def exchange(self, group: dist.ProcessGroup | None = None) -> None:
         """Collective, every rank at the same step between steps (the decision exchange): the
-        group's error of the latest measured step (``compressors.quality.group_error``)."""
+        group's error and update efficiency of the latest measured step
+        (``compressors.quality.group_error``)."""
         started = time.perf_counter()
         group_error(self.meter, group)
         self.meter.skip(self.sync_every - 1)  # the next exchange reads only the last step before it

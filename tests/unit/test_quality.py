@@ -220,3 +220,21 @@ def test_after_an_exchange_the_meter_measures_only_the_step_the_next_one_reads()
     assert kept[2] is not None and kept[3] is not None and kept[3] is not kept[2]  # then every step
     assert 0.05 < errors[2] < 1 and 0.05 < errors[3] < 1
     assert kept[2].numel() == 3 * sum(max(1, round(1024 * math.prod(s) / meter.total_elements)) for s in SHAPES.values())
+
+
+def test_the_quality_signal_benchmark_measures_each_figure_by_its_definition():
+    """benchmarks.quality_signal on a few steps: uncompressed training has ε = 0 and η = 1;
+    a lossy choice loses something (ε > 0) and makes less than a full step (η < 1)."""
+    import argparse
+
+    from benchmarks.quality_signal import markdown, run_choice
+
+    args = argparse.Namespace(model="mlp", steps=6, skip_steps=2, batch_size=16, bucket_cap_mb=0.25, lr=0.02,
+                              held_out=64, seed=0)
+    none, lossy = run_choice("none", args), run_choice("powersgd-r1", args)
+    assert none["error_median"] == 0.0 and none["efficiency_median"] == 1.0
+    assert none["residual_over_gradient_median"] == 0.0
+    assert 0 < lossy["error_median"] < 1 and lossy["efficiency_median"] < 1 and lossy["residual_over_gradient_median"] > 0
+    assert math.isfinite(none["held_out_loss"]) and math.isfinite(lossy["held_out_loss"])
+    table = markdown({"choices": {"none": none, "powersgd-r1": lossy}})
+    assert "| powersgd-r1 |" in table and "| none |" in table

@@ -1,0 +1,151 @@
+"""Which running figure ranks the compressors as training does: relative error ε or update efficiency η?
+
+Why: the adaptive policy judges a choice that has run by a figure measured while it runs
+(``planning.progress``). The relative error ``ε = ‖e_new‖ / ‖x‖`` (``x = g + e_old``) ranked
+ACP-SGD rank 16 above PowerSGD rank 4 on the adaptive benchmark's CNN, and training the other
+way round. This benchmark trains the same CNN once per fixed choice and, every step, computes
+from the full tensors (not the meter's sample):
+
+* ``ε = ‖e_new‖ / ‖g + e_old‖``, the relative compression error;
+* ``η = ⟨u, g⟩ / ‖g‖²`` with ``u = g + e_old − e_new`` the update applied: the share of an
+  uncompressed step's first-order loss decrease the step makes (what the policy now uses);
+* ``ρ = ‖e_new‖ / ‖g‖``, the residual held back in units of one step's gradient;
+
+and the held-out loss of the final model. One process (world size 1, batch 64 = the
+benchmark's 2 × 32, a one-process gloo group), so the group's mean is the rank's own; the
+benchmark's schedule (SGD with momentum 0.9, lr 0.02 decayed to 0 along a cosine, 300 steps).
+Medians over steps 100-300 (the first steps are the critical regime the policy guards anyway).
+
+    python -m benchmarks.quality_signal --json-out benchmarks/results/quality_signal.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+DEFAULT_CHOICES = ("none", "powersgd-r2", "powersgd-r4", "powersgd-r8", "powersgd-r16",
+                   "acpsgd-r4", "acpsgd-r8", "acpsgd-r16", "acpsgd-r32")
+
+
+def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Train ``label`` for ``args.steps`` steps; its per-step figures' medians and final held-out loss."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from benchmarks.adaptive.scenarios import parse_label
+    from benchmarks.compressor_cost import single_process_group
+    from compressors import GradientSync, build
+    from workers.data import build_dataset, input_spec
+    from workers.loaders import make_loader
+    from workers.models import build_model
+
+    torch.manual_seed(args.seed)
+    started = time.monotonic()
+    with single_process_group():
+        model = build_model(args.model, **input_spec(args.model, "synthetic"))
+        ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
+        name, params = parse_label(label)
+        sync = GradientSync(build(name, **params)).install(ddp)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
+        train = build_dataset("synthetic", model=args.model, split="train", seed=args.seed)
+        test = build_dataset("synthetic", model=args.model, split="test", seed=args.seed)
+        shapes = {key: p.shape for key, p in model.named_parameters()}
+
+        def flat(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+            return torch.cat([tensors[k].reshape(-1).double() if k in tensors
+                              else torch.zeros(shapes[k].numel(), dtype=torch.float64) for k in sorted(shapes)])
+
+        def residual() -> torch.Tensor:
+            kept = sync.compressor.residuals() if hasattr(sync.compressor, "residuals") else {}
+            return flat({k.removeprefix("module."): v for k, v in kept.items()})
+
+        figures: list[tuple[float, float, float]] = []
+        epoch, batches = 0, iter(make_loader(train, batch_size=args.batch_size, rank=0, world_size=1, seed=args.seed))
+        for _ in range(args.steps):
+            batch = next(batches, None)
+            if batch is None:
+                epoch += 1
+                batches = iter(make_loader(train, batch_size=args.batch_size, rank=0, world_size=1, seed=args.seed,
+                                           epoch=epoch))
+                batch = next(batches)
+            inputs, targets = batch
+            e_old = residual()
+            optimizer.zero_grad()
+            F.cross_entropy(ddp(inputs), targets).backward()
+            e_new = residual()
+            update = flat({k: p.grad for k, p in model.named_parameters()})
+            grad = update + e_new - e_old
+            g_sq = float(grad @ grad)
+            figures.append((float(e_new.norm() / (grad + e_old).norm()), float(update @ grad) / g_sq,
+                            float(e_new.norm()) / g_sq ** 0.5))
+            optimizer.step()
+            schedule.step()
+        model.eval()
+        held_out = make_loader(test, batch_size=args.held_out, rank=0, world_size=1, seed=args.seed, shuffle=False,
+                               drop_last=False)
+        inputs, targets = next(iter(held_out))
+        with torch.no_grad():
+            loss = float(F.cross_entropy(model(inputs), targets))
+    tail = figures[args.skip_steps:]
+    return {"held_out_loss": round(loss, 5),
+            "error_median": round(statistics.median(f[0] for f in tail), 4),
+            "efficiency_median": round(statistics.median(f[1] for f in tail), 4),
+            "residual_over_gradient_median": round(statistics.median(f[2] for f in tail), 4),
+            "wall_s": round(time.monotonic() - started, 1)}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    rows = sorted(doc["choices"].items(), key=lambda item: item[1]["held_out_loss"])
+    lines = ["| choice | held-out loss | vs none | ε (median) | η (median) | 1 − ε² | ρ = ‖e‖/‖g‖ |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    base = doc["choices"].get("none", {}).get("held_out_loss")
+    for label, r in rows:
+        versus = f"{r['held_out_loss'] / base - 1:+.1%}" if base else "-"
+        lines.append(f"| {label} | {r['held_out_loss']:.4f} | {versus} | {r['error_median']:.3f} | "
+                     f"{r['efficiency_median']:.3f} | {1 - r['error_median'] ** 2:.3f} | "
+                     f"{r['residual_over_gradient_median']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality_signal", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--choices", nargs="+", default=list(DEFAULT_CHOICES))
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--skip-steps", type=int, default=100, help="steps left out of the medians")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--bucket-cap-mb", type=float, default=0.25)
+    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--held-out", type=int, default=512, help="held-out samples")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not 0 <= args.skip_steps < args.steps:
+        parser.error(f"--skip-steps: must be in [0, --steps={args.steps}), got {args.skip_steps}")
+    import torch
+
+    torch.set_num_threads(1)
+    doc: dict[str, Any] = {"choices": {}, "job": {k: v for k, v in vars(args).items() if k != "json_out"}}
+    for label in args.choices:
+        doc["choices"][label] = result = run_choice(label, args)
+        print(f"[quality_signal] {label}: {result}", flush=True)
+    doc["job"]["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    table = markdown(doc)
+    print(table)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
+        args.json_out.with_suffix(".md").write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
