@@ -42,6 +42,7 @@ from pathlib import Path
 from statistics import median_high
 from typing import Any, Mapping, Sequence
 
+from benchmarks.outputs import write_json_and_table
 from benchmarks.rate_pairs import parse_rate_pairs
 from benchmarks.repo import REPO_ROOT
 from benchmarks.simulate import (
@@ -305,10 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = replay(args)
     table = markdown(doc)
     print(table)
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
-        args.json_out.with_suffix(".md").write_text(table)
+    write_json_and_table(args.json_out, doc, table)
     return 0
 
 

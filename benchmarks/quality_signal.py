@@ -22,12 +22,13 @@ Medians over steps 100-300 (the first steps are the critical regime the policy g
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
+
+from benchmarks.outputs import write_json_and_table
 
 DEFAULT_CHOICES = ("none", "powersgd-r2", "powersgd-r4", "powersgd-r8", "powersgd-r16",
                    "acpsgd-r4", "acpsgd-r8", "acpsgd-r16", "acpsgd-r32")
@@ -140,10 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc["job"]["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     table = markdown(doc)
     print(table)
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
-        args.json_out.with_suffix(".md").write_text(table)
+    write_json_and_table(args.json_out, doc, table)
     return 0
 
 
