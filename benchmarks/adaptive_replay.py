@@ -172,7 +172,7 @@ class Replay:
             if cfg is not None and t >= next_report:
                 m = Measurements(gbit * 1e9 / 8, 2 * (self.workers - 1) * ALPHA_S, self.workers, self.profile, current,
                                  step=steps, errors=self.errors,
-                                 running_error=(current.label, self.running[current.label]) if steps else None)
+                                 running_efficiency=(current.label, contraction(self.running[current.label])) if steps else None)
                 decision, state = decide(state, m, cfg, t)
                 if isinstance(decision, Switch):
                     current = decision.spec

@@ -16,7 +16,7 @@ import dataclasses
 from planning import costmodel, registry
 from planning.decision import Decision, DecisionSource, decision_for, switch_params
 from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
-from planning.progress import error_of_efficiency
+from planning.progress import contraction
 from planning.protocol import ModelProfile, Telemetry
 from planning.sections import CompressionConfig
 from planning.spec import CompressorSpec, make_spec
@@ -83,24 +83,24 @@ def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | N
         grad_norm=telemetry.grad_norm,
         step=telemetry.step,
         errors=dict(telemetry.compression_error_estimates) or None,
-        running_error=_running_error(telemetry),
+        running_efficiency=_running_efficiency(telemetry),
     )
 
 
-def _running_error(telemetry: Telemetry) -> tuple[str, float] | None:
-    """(label, error) of the compressor that ran the reported step: the error whose contraction
-    is its measured update efficiency (``planning.progress.error_of_efficiency``), or, from a
-    worker that reports none, its relative compression error; None if the report has neither."""
+def _running_efficiency(telemetry: Telemetry) -> tuple[str, float] | None:
+    """(label, δ) of the compressor that ran the reported step: its measured update efficiency
+    η, or, from a worker that reports none, ``1 − ε²`` of its relative compression error
+    (``planning.progress.contraction``); None if the report has neither."""
     if not telemetry.compressor:
         return None
     if telemetry.update_efficiency is not None:
-        error = error_of_efficiency(telemetry.update_efficiency)
+        efficiency = telemetry.update_efficiency
     elif telemetry.compression_error is not None:
-        error = telemetry.compression_error
+        efficiency = contraction(telemetry.compression_error)
     else:
         return None
     params = {k: v for k, v in (("rank", telemetry.compressor_rank), ("ratio", telemetry.ratio)) if v is not None}
-    return make_spec(telemetry.compressor, **params).label, error
+    return make_spec(telemetry.compressor, **params).label, efficiency
 
 
 def _fresh_state(current: Decision) -> PolicyState:

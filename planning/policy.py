@@ -27,9 +27,9 @@ Algorithm of :func:`decide`:
    the objective is progress per second, ``δ(ε) / step_s`` (:mod:`planning.progress`),
    i.e. the candidate with the least *time per unit of progress* ``τ = step_s / δ`` wins
    (ties go to the less lossy one). Estimates are calibrated by what the running
-   compressor really loses (``Measurements.running_error``: the error whose contraction is
-   the running choice's measured update efficiency η, averaged per label in the state;
-   :func:`planning.progress.calibrated_errors`). A lossy candidate with no error is not
+   compressor really loses (``Measurements.running_efficiency``: the running choice's
+   measured update efficiency η, averaged per label in the state and judged as the error
+   whose contraction it is; :func:`planning.progress.calibrated_errors`). A lossy candidate with no error is not
    chosen while other candidates have one; with no errors at all, ``τ`` is the step time
    (the policy of before the quality signal).
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
@@ -132,9 +132,10 @@ class Measurements:
     #: Relative compression error by candidate label (``compressors.quality.estimate_errors``);
     #: None: unknown, judge by step time alone.
     errors: Mapping[str, float] | None = None
-    #: (label, error) of the compressor that ran the reported step: √(1 − η) of its measured
-    #: update efficiency (``planning.progress.error_of_efficiency``), else its relative error.
-    running_error: tuple[str, float] | None = None
+    #: (label, δ) of the compressor that ran the reported step: its measured update
+    #: efficiency η (``compressors.quality.update_efficiency``), else ``1 − ε²`` of its
+    #: relative error (``planning.progress.contraction``).
+    running_efficiency: tuple[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ class PolicyState:
     critical_until: float | None = None
     last_switch_at: float | None = None
     switches: int = 0
-    #: Averaged running error of every label that has run (``planning.progress``).
+    #: Averaged running efficiency of every label that has run (``planning.progress``).
     measured: Measured = ()
 
 
@@ -331,8 +332,8 @@ def decide(
     """Keep the current compressor or switch; returns the verdict and the next state."""
     state = _smooth_link(state, m, cfg, now)
     critical_why, state = _critical_regime(state, m, cfg, now)
-    if m.running_error is not None:
-        state = dataclasses.replace(state, measured=record_running(state.measured, *m.running_error))
+    if m.running_efficiency is not None:
+        state = dataclasses.replace(state, measured=record_running(state.measured, *m.running_efficiency))
     m = dataclasses.replace(m, errors=calibrated_errors(m.errors, state.measured))
     assert state.bandwidth_ewma is not None and state.latency_ewma is not None
     link = alpha_beta_from_bandwidth(state.bandwidth_ewma, _alpha(state.latency_ewma, m.world_size))._replace(

@@ -74,10 +74,55 @@ def error_of(label: str, name: str, errors: Mapping[str, float] | None) -> float
 # Calibration: estimates against what the running compressor really loses
 # --------------------------------------------------------------------------------------------
 
-#: Weight of a new running-error report in its label's average.
+#: Weight of a new running report in its label's average.
 RUNNING_WEIGHT = 0.3
 
-Measured = tuple[tuple[str, float], ...]  # (label, averaged running error), latest last
+Measured = tuple[tuple[str, float], ...]  # (label, averaged running efficiency δ), latest last
+
+
+def record_running(measured: Measured, label: str, efficiency: float, weight: float = RUNNING_WEIGHT) -> Measured:
+    """Fold one report's running efficiency of ``label`` (``δ``: its measured update
+    efficiency η, or ``1 − ε²`` of its relative error) into its average; ``label`` moves last.
+
+    Why ``δ`` is averaged and not the error ``√(1 − δ)``: ``δ`` is what is measured, and the
+    square root is concave, so an average of errors sits below the error of the average
+    (optimistic), and one sampled η straying to 1 (the 1024-coordinate sample scatters ±0.08)
+    would enter as a lossless report, error 0, where in ``δ`` it is one report a little high.
+
+    A low-rank label's change also moves the other low-rank labels' averages by the same
+    factor of their errors (capped at 1). Their errors move together as training changes the
+    gradient's spectrum: in the CNN's steady-slow run every rank's error rose 1.3-1.4x over
+    12 s. A measurement kept as it was taken would look better and better beside the fresh one
+    of the running rank, and the policy went back to stale ranks every dwell. Casts, top-k and
+    sign neither give nor take this drift (a cast's tiny error says nothing about the spectrum).
+    """
+    if not math.isfinite(efficiency):
+        raise ValueError(f"efficiency: must be a finite number, got {efficiency!r}")
+    efficiency = min(1.0, max(0.0, efficiency))
+    previous = dict(measured).get(label)
+    value = efficiency if previous is None else previous + weight * (efficiency - previous)
+    drift = _error_drift(previous, value) if rank_of(label) is not None else 1.0
+    return tuple((k, _drifted(v, drift) if rank_of(k) is not None else v) for k, v in measured
+                 if k != label) + ((label, value),)
+
+
+def _error_drift(previous: float | None, value: float) -> float:
+    """How much the error of an averaged efficiency moved (1 for a first report or from 0)."""
+    if previous is None:
+        return 1.0
+    before = error_of_efficiency(previous)
+    return error_of_efficiency(value) / before if before > 0 else 1.0
+
+
+def _drifted(efficiency: float, drift: float) -> float:
+    """An efficiency whose error is multiplied by ``drift`` (the error capped at 1)."""
+    return contraction(min(1.0, error_of_efficiency(efficiency) * drift))
+
+
+def measured_errors(measured: Measured) -> tuple[tuple[str, float], ...]:
+    """The averaged efficiencies as the errors whose contraction they are (what the
+    estimates' calibration compares with)."""
+    return tuple((label, error_of_efficiency(efficiency)) for label, efficiency in measured)
 
 
 def family(label: str) -> str:
@@ -85,23 +130,6 @@ def family(label: str) -> str:
     (``Codec.error_family``, by default the compressor's name). ACP-SGD and PowerSGD are two
     families: at the same rank ACP-SGD loses more than PowerSGD (``planning/codecs/lowrank.py``)."""
     return registry.codec(compressor_of(label)).error_family()
-
-
-def record_running(measured: Measured, label: str, error: float, weight: float = RUNNING_WEIGHT) -> Measured:
-    """Fold one report's running error of ``label`` into its average; ``label`` moves last.
-
-    A low-rank label's change also moves the other low-rank labels' averages by the same
-    factor (capped at 1). Their errors move together as training changes the gradient's
-    spectrum: in the CNN's steady-slow run every rank's error rose 1.3-1.4x over 12 s. A
-    measurement kept as it was taken would look better and better beside the fresh one of the
-    running rank, and the policy went back to stale ranks every dwell. Casts, top-k and sign
-    neither give nor take this drift (a cast's tiny error says nothing about the spectrum).
-    """
-    previous = dict(measured).get(label)
-    value = error if previous is None else previous + weight * (error - previous)
-    drift = value / previous if previous and rank_of(label) is not None else 1.0
-    return tuple((k, min(1.0, v * drift) if rank_of(k) is not None else v) for k, v in measured
-                 if k != label) + ((label, value),)
 
 
 def compressor_of(label: str) -> str:
@@ -139,7 +167,7 @@ def error_exponent(estimate: float | None, running: float) -> float | None:
 
 
 def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured) -> dict[str, float] | None:
-    """The errors the policy judges by.
+    """The errors the policy judges by (``measured``: averaged efficiencies, :func:`record_running`).
 
     The estimates (``compressors.quality.estimate_errors``) are the best a compressor could do
     on the raw gradient; the running compressor, with error feedback and a warm start, loses
@@ -151,7 +179,7 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
     calibrates the others by its exponent, not by a ratio (a ratio taken at rank 4 made rank
     16 look 3-5x better than it ran):
 
-    - a label that has run is judged by its measured running error;
+    - a label that has run is judged by the error of its averaged running efficiency;
     - a rank of a compressor that has run at two or more ranks, by the power law
       ``ε = exp(a) · rank^b`` fitted to those measurements (:func:`rank_fit`);
     - any other label of a :func:`family` that has run, by ``estimate ** k`` with ``k``
@@ -164,11 +192,12 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
     """
     if estimates is None and not measured:
         return None
+    errors = measured_errors(measured)
     out = dict(estimates or {})
     exponents: dict[str, float] = {}
     low_rank_exponent: float | None = None
     by_rank: dict[str, dict[int, float]] = {}
-    for label, error in measured:  # latest last: its exponent wins
+    for label, error in errors:  # latest last: its exponent wins
         exponent = error_exponent(out.get(label), error)
         rank = rank_of(label)
         if exponent is not None:
@@ -186,5 +215,5 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
             out[label] = min(1.0, math.exp(a + b * math.log(rank)))
         elif exponent is not None and estimate > 0:
             out[label] = min(1.0, estimate ** exponent)
-    out.update(dict(measured))
+    out.update(dict(errors))
     return out

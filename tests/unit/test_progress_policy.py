@@ -143,9 +143,12 @@ def test_estimates_are_calibrated_by_the_exponent_of_a_measured_label():
     estimates = {"none": 0.0, "acpsgd-r4": 0.35, "acpsgd-r8": 0.17, "powersgd-r8": 0.17, "topk-0.01": 0.85}
     assert calibrated_errors(None, ()) is None
     assert calibrated_errors(estimates, ()) == estimates
-    measured = record_running((), "acpsgd-r8", 0.7)
-    measured = record_running(measured, "acpsgd-r8", 0.8)  # averaged: 0.7 + 0.3 * 0.1
-    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.73)
+    measured = record_running((), "acpsgd-r8", contraction(0.7))  # δ 0.51
+    measured = record_running(measured, "acpsgd-r8", contraction(0.8))  # δ 0.36; averaged: 0.51 - 0.3 * 0.15
+    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.465)
+    judged = calibrated_errors(estimates, measured)
+    assert judged["acpsgd-r8"] == pytest.approx(math.sqrt(0.535))  # 0.7314: the error of the averaged δ
+    measured = (("acpsgd-r8", contraction(0.73)),)
     judged = calibrated_errors(estimates, measured)
     k = math.log(0.73) / math.log(0.17)
     assert error_exponent(0.17, 0.73) == pytest.approx(k) and 0.17 ** k == pytest.approx(0.73)
@@ -168,10 +171,10 @@ def test_once_two_ranks_ran_the_others_are_judged_by_the_power_law_fitted_to_the
 
     estimates = {"acpsgd-r4": 0.2, "acpsgd-r8": 0.1, "acpsgd-r16": 0.027, "acpsgd-r32": 0.01,
                  "powersgd-r8": 0.1, "topk-0.01": 0.9, "none": 0.0}
-    one = calibrated_errors(estimates, (("acpsgd-r4", 0.8),))
+    one = calibrated_errors(estimates, (("acpsgd-r4", contraction(0.8)),))
     assert one["acpsgd-r16"] == pytest.approx(0.027 ** (math.log(0.8) / math.log(0.2)))  # one rank: its exponent
-    two = calibrated_errors(estimates, (("acpsgd-r4", 0.8), ("acpsgd-r16", 0.55)))
-    assert two["acpsgd-r4"] == 0.8 and two["acpsgd-r16"] == 0.55  # what they really lost
+    two = calibrated_errors(estimates, (("acpsgd-r4", contraction(0.8)), ("acpsgd-r16", contraction(0.55))))
+    assert two["acpsgd-r4"] == pytest.approx(0.8) and two["acpsgd-r16"] == pytest.approx(0.55)  # what they lost
     assert two["acpsgd-r8"] == pytest.approx(math.sqrt(0.8 * 0.55))  # between them on the power law
     assert two["acpsgd-r32"] == pytest.approx(0.55 * (0.55 / 0.8) ** 0.5)  # beyond: the same slope (0.456)
     assert two["powersgd-r8"] == pytest.approx(0.1 ** (math.log(0.55) / math.log(0.027)))  # latest exponent
@@ -180,21 +183,39 @@ def test_once_two_ranks_ran_the_others_are_judged_by_the_power_law_fitted_to_the
 
 def test_the_running_ranks_drift_moves_the_other_ranks_measurements_with_it():
     """Stale measurements would look better and better beside the running rank's fresh one."""
-    from planning.progress import record_running
+    from planning.progress import measured_errors, record_running
 
-    measured = record_running((), "powersgd-r4", 0.5)
-    measured = record_running(measured, "fp16", 0.0002)
-    measured = record_running(measured, "topk-0.01", 0.9)
-    measured = record_running(measured, "acpsgd-r8", 0.6)
-    measured = record_running(measured, "acpsgd-r8", 0.9)  # averaged: 0.69, a drift of 1.15
-    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.69)
-    assert dict(measured)["powersgd-r4"] == pytest.approx(0.5 * 1.15)  # moved with it
-    assert dict(measured)["fp16"] == 0.0002 and dict(measured)["topk-0.01"] == 0.9  # not low-rank: untouched
+    def errors(measured):
+        return dict(measured_errors(measured))
+
+    measured = record_running((), "powersgd-r4", contraction(0.5))
+    measured = record_running(measured, "fp16", contraction(0.0002))
+    measured = record_running(measured, "topk-0.01", contraction(0.9))
+    measured = record_running(measured, "acpsgd-r8", contraction(0.6))  # δ 0.64
+    measured = record_running(measured, "acpsgd-r8", contraction(0.9))  # δ 0.19; averaged: 0.505
+    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.505)
+    drift = math.sqrt(0.495) / 0.6  # its error went from 0.6 to 0.7036: 1.17x
+    assert errors(measured)["powersgd-r4"] == pytest.approx(0.5 * drift)  # moved with it
+    assert errors(measured)["fp16"] == pytest.approx(0.0002) and errors(measured)["topk-0.01"] == pytest.approx(0.9)
+    measured = record_running(measured, "acpsgd-r8", 0.0)
+    measured = record_running(measured, "powersgd-r16", contraction(0.1))  # a first report moves nothing
+    assert errors(measured)["powersgd-r4"] <= 1.0 and dict(measured)["acpsgd-r8"] == pytest.approx(0.3535)
+    measured = record_running(measured, "fp16", contraction(0.0004))  # a cast's drift (2x) moves nothing
+    assert errors(measured)["powersgd-r16"] == pytest.approx(0.1)
+
+
+def test_the_efficiency_is_averaged_so_a_sample_straying_to_one_is_not_read_as_lossless():
+    """η is what is measured: averaged as η, one stray sample of 1 moves a 0.49 label to 0.64
+    (error 0.6), where averaging √(1 − η) would have made its error 0.5 (0.7 → 0.49)."""
+    from planning.progress import measured_errors, record_running
+
+    measured = record_running((), "acpsgd-r8", 0.51)
     measured = record_running(measured, "acpsgd-r8", 1.0)
-    measured = record_running(measured, "powersgd-r16", 0.1)  # a first report moves nothing
-    assert dict(measured)["powersgd-r4"] <= 1.0 and dict(measured)["acpsgd-r8"] == pytest.approx(0.783)
-    measured = record_running(measured, "fp16", 0.0004)  # a cast's drift (2x) moves nothing
-    assert dict(measured)["powersgd-r16"] == 0.1
+    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.657)
+    assert dict(measured_errors(measured))["acpsgd-r8"] == pytest.approx(math.sqrt(0.343))  # 0.586, not 0.49
+    assert dict(record_running((), "signsgd", 1.4)) == {"signsgd": 1.0}  # a stray beyond [0, 1] is clamped
+    with pytest.raises(ValueError, match="efficiency"):
+        record_running((), "signsgd", math.nan)
 
 
 def test_after_one_measured_rank_the_choice_is_the_best_by_the_true_running_errors():
@@ -210,7 +231,7 @@ def test_after_one_measured_rank_the_choice_is_the_best_by_the_true_running_erro
     now, current, moves = 2.0, decision.spec, [decision.spec]
     while now < 200:
         m = Measurements(MBIT50, LATENCY, WORKERS, PROFILE, current, errors=errors,
-                         running_error=(current.label, truth[current.label]))
+                         running_efficiency=(current.label, contraction(truth[current.label])))
         decision, state = decide(state, m, DEFAULTS, now)
         if isinstance(decision, Switch):
             moves.append(decision.spec)
@@ -234,14 +255,14 @@ def test_the_worker_report_carries_the_running_compressor_label():
     t = Telemetry(step=5, bandwidth_bytes_per_second=MBIT50, compressor="acpsgd", compressor_rank=8, compression_error=0.6,
                   compression_error_estimates={"acpsgd-r8": 0.2})
     m = policy_measurements(t, PROFILE, make_spec("acpsgd", rank=8))
-    assert m.running_error == ("acpsgd-r8", 0.6) and m.errors == {"acpsgd-r8": 0.2}
+    assert m.running_efficiency == ("acpsgd-r8", pytest.approx(0.64)) and m.errors == {"acpsgd-r8": 0.2}
     bare = policy_measurements(Telemetry(step=5, bandwidth_bytes_per_second=MBIT50), PROFILE, make_spec("none"))
-    assert bare.running_error is None and bare.errors is None
+    assert bare.running_efficiency is None and bare.errors is None
 
 
 def test_a_running_choice_is_judged_by_its_measured_update_efficiency():
-    """δ = η for a choice that has run: the report's efficiency, passed as the error whose
-    contraction it is; the relative error only where a worker reports no efficiency."""
+    """δ = η for a choice that has run: the report's efficiency; the relative error's
+    contraction only where a worker reports no efficiency."""
     from planning.controller import policy_measurements
     from planning.progress import error_of_efficiency
     from planning.protocol import Telemetry
@@ -249,8 +270,7 @@ def test_a_running_choice_is_judged_by_its_measured_update_efficiency():
     t = Telemetry(step=5, bandwidth_bytes_per_second=MBIT50, compressor="powersgd", compressor_rank=4,
                   compression_error=0.73, update_efficiency=0.76)
     m = policy_measurements(t, PROFILE, make_spec("powersgd", rank=4))
-    assert m.running_error is not None and m.running_error[0] == "powersgd-r4"
-    assert contraction(m.running_error[1]) == pytest.approx(0.76)
+    assert m.running_efficiency == ("powersgd-r4", 0.76)
     assert error_of_efficiency(1.0) == 0.0 and error_of_efficiency(0.0) == 1.0
     assert error_of_efficiency(1.3) == 0.0 and error_of_efficiency(-0.2) == 1.0  # a sample's stray is clamped
     with pytest.raises(ValueError, match="efficiency"):
@@ -273,7 +293,7 @@ def test_the_update_efficiency_ranks_acpsgd_r16_below_powersgd_r4_where_the_erro
         cfg = PolicyConfig(allowed=("powersgd", "acpsgd"), critical_initial_steps=0, gain_threshold=0.05)
         return decide(PolicyState(measured=(("acpsgd-r16", acpsgd_r16_before),)), m, cfg, now=100.0)[0]
 
-    by_error = verdict(0.58, compression_error=0.73)
+    by_error = verdict(contraction(0.58), compression_error=0.73)
     assert isinstance(by_error, Switch) and by_error.spec.label == "acpsgd-r16"
-    by_efficiency = verdict(math.sqrt(1 - 0.69), compression_error=0.73, update_efficiency=0.76)
+    by_efficiency = verdict(0.69, compression_error=0.73, update_efficiency=0.76)
     assert isinstance(by_efficiency, Keep), by_efficiency
