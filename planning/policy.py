@@ -392,3 +392,38 @@ def _switch(
     decision = Switch(spec=spec, gain=_gain(current, best), current_step_s=current.step.step_s,
                       new_step_s=best.step.step_s, reason=reason)
     return decision, dataclasses.replace(state, last_switch_at=now, switches=state.switches + 1)
+
+
+# --------------------------------------------------------------------------------------------
+# When an estimate is worth its cost
+# --------------------------------------------------------------------------------------------
+
+
+def estimates_can_matter(m: Measurements, cfg: PolicyConfig) -> bool:
+    """Whether any candidate whose error must be estimated could win :func:`decide` now.
+
+    Why: estimating the candidates' errors (``compressors.quality.estimate_errors``) costs an
+    SVD per sampled matrix, 1.6 % of the CNN's steady-fast run, and on a fast link it buys
+    nothing. A candidate's time per progress is at least its predicted step time (δ ≤ 1), so
+    while the current choice's error is known (``none`` and the casts: ``Codec.known_error``)
+    and no estimated candidate's step is predicted faster than the current time per progress
+    by more than ``gain_threshold``, no estimate, however small, could make the policy switch
+    to it. Judged at this report's link (not the policy's smoothed one: a drop opens the gate
+    at once) and with the ordinary quality guard (a superset of the critical one). A current
+    choice that is itself lossy is always judged against estimates: True.
+    """
+    known = registry.codec(m.current.name).known_error
+    if known is None:
+        return True
+    if m.world_size < 2 or not math.isfinite(m.bandwidth_bytes_per_second):
+        return False  # no collective has a peer: compressing only adds work
+    link = alpha_beta_from_bandwidth(m.bandwidth_bytes_per_second, _alpha(m.latency_s, m.world_size))._replace(
+        wake_s=m.wake_s)
+    current_tau = seconds_per_progress(predict_step(m.current, m.profile, m.world_size, link).step_s, known)
+    for spec in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios):
+        if registry.codec(spec.name).known_error is not None or guard_failure(spec, cfg, False) is not None:
+            continue
+        step_s = predict_step(_adopt(spec, m.current), m.profile, m.world_size, link).step_s
+        if (current_tau - step_s) / current_tau > cfg.gain_threshold:
+            return True
+    return False

@@ -62,6 +62,11 @@ class ProbeScheduler:
         self.total_cost_s += cost_s
         self.probes += 1
 
+    def defer(self, now: float) -> None:
+        """A due probe was not needed (nothing it could tell would change a decision): ask
+        again one interval from ``now``, at no cost."""
+        self.last_probe_at = now
+
     def earliest_elapsed_for_next(self) -> float:
         """The elapsed run time from which the budget allows the next probe."""
         return (self.total_cost_s + self.last_cost_s) / self.max_cost_fraction

@@ -11,12 +11,16 @@ Why a budget: an estimate costs one ``svdvals`` per sampled matrix (0.1-0.3 s fo
 largest on a CPU core); at a fixed step interval that would be a fixed share of a fast step
 and nothing of a slow one. Like the probe (``workers.probe_scheduler.ProbeScheduler``), it runs at most
 every ``probe_interval_s`` and only while its total cost stays within ``budget`` of the run
-time; half the job's probe budget is the default.
+time; half the job's probe budget is the default. And only when it could matter: the caller
+passes a gate (``planning.policy.estimates_can_matter``: on a fast link with ``none`` running no
+estimate could make the policy switch), and a due estimate that cannot matter is deferred one
+interval at no cost.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch.distributed as dist
 
@@ -49,11 +53,14 @@ class QualitySignal:
                                         max_cost_fraction=cfg.probing.budget * ESTIMATE_BUDGET_SHARE)
         self.estimates: dict[str, float] = {}
         self.estimate_s = 0.0
+        #: Due estimates deferred because the gate said they could not matter.
+        self.deferred = 0
         self.started = time.monotonic()
         self._requested = False
 
-    def after_step(self) -> None:
-        """Between steps: run an estimate on a sample taken last step; request the next one."""
+    def after_step(self, can_matter: Callable[[], bool] = lambda: True) -> None:
+        """Between steps: run an estimate on a sample taken last step; request the next one
+        when one is due and ``can_matter()`` (asked only then), else defer it one interval."""
         if not self.candidates:
             return
         elapsed = time.monotonic() - self.started
@@ -65,8 +72,12 @@ class QualitySignal:
             self.scheduler.record(elapsed, cost)
             self._requested = False
         elif not self._requested and self.scheduler.due(elapsed, elapsed):
-            self.meter.request_sample()
-            self._requested = True
+            if can_matter():
+                self.meter.request_sample()
+                self._requested = True
+            else:
+                self.scheduler.defer(elapsed)
+                self.deferred += 1
 
     def exchange(self, group: dist.ProcessGroup | None = None) -> None:
         """Collective, every rank at the same step between steps (the decision exchange): the
@@ -93,4 +104,5 @@ class QualitySignal:
         total = self.meter.seconds + self.estimate_s + self.exchange_s
         return {"meter_s": round(self.meter.seconds, 4), "estimate_s": round(self.estimate_s, 4),
                 "exchange_s": round(self.exchange_s, 4),
-                "estimates": self.scheduler.probes, "share_of_run": round(total / elapsed, 5)}
+                "estimates": self.scheduler.probes, "estimates_deferred": self.deferred,
+                "share_of_run": round(total / elapsed, 5)}

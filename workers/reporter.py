@@ -19,7 +19,9 @@ import torch
 from compressors import GradientSync
 from planning import registry
 from planning.config import TrainConfig
-from planning.costmodel import build_bucket_layout
+from planning.controller import policy_config, step_profile
+from planning.costmodel import StepProfile, build_bucket_layout
+from planning.policy import Measurements, estimates_can_matter
 from planning.protocol import Decision, ModelProfile, Telemetry
 from workers.calibration import calibrate_codecs
 from workers.control import DecisionSource, TelemetrySink
@@ -61,6 +63,10 @@ class Reporter:
         #: Every rank meters the compression error (the group's needs all of them, issue 14);
         #: rank 0 estimates the candidates and reports.
         self.quality = QualitySignal(cfg, sync, estimating=env.rank == 0)
+        #: The model profile once measured, and the cost model's profile built from it (for
+        #: the estimates' gate).
+        self.model_profile: ModelProfile | None = None
+        self._cost_profile: StepProfile | None = None
 
     def link(self, estimate: LinkEstimate) -> None:
         self.estimate = estimate
@@ -110,7 +116,7 @@ class Reporter:
         last = self.sync.last_step()
         if self.env.rank != 0:
             return
-        self.quality.after_step()
+        self.quality.after_step(self._estimates_can_matter)
         if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
             kind = registry.codec(self.sync.compressor.name).collective
             self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
@@ -133,7 +139,7 @@ class Reporter:
         bandwidth, latency = self.bandwidth()
         profile = None
         if not self.profile_sent and len(timer.recent) >= 3:
-            profile = self._profile(model, means)
+            profile = self.model_profile = self._profile(model, means)
             self.profile_sent = True
         grad_norm = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters() if p.grad is not None])
@@ -163,6 +169,19 @@ class Reporter:
             worker_group=self.worker_group,
             resumed_from_step=self.resumed_from_step,
         )
+
+    def _estimates_can_matter(self) -> bool:
+        """Whether a due estimate of the candidates could change the policy's choice at the
+        link measured now (``planning.policy.estimates_can_matter``); True while the model
+        profile or the link is not known yet (the first estimate is made as before)."""
+        bandwidth, latency = self.bandwidth()
+        if self.model_profile is None or bandwidth is None:
+            return True
+        if self._cost_profile is None:
+            self._cost_profile = step_profile(self.model_profile, self.quality.candidates)
+        m = Measurements(bandwidth, latency or 0.0, self.env.world_size, self._cost_profile,
+                         self.sync.compressor.spec, wake_s=self.estimate.wake_s)
+        return estimates_can_matter(m, policy_config(self.cfg.compression))
 
     def _profile(self, model: torch.nn.Module, means: dict[str, float]) -> ModelProfile:
         shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]

@@ -297,3 +297,33 @@ def test_the_update_efficiency_ranks_acpsgd_r16_below_powersgd_r4_where_the_erro
     assert isinstance(by_error, Switch) and by_error.spec.label == "acpsgd-r16"
     by_efficiency = verdict(0.69, compression_error=0.73, update_efficiency=0.76)
     assert isinstance(by_efficiency, Keep), by_efficiency
+
+
+@pytest.mark.parametrize("bandwidth", [GBIT10, MBIT50, 1.25e8])
+def test_an_estimate_is_wanted_exactly_where_some_estimated_candidate_could_win(bandwidth):
+    """Where :func:`estimates_can_matter` says no estimate could matter, the policy keeps its
+    uncompressed choice even when every estimated candidate is told it loses nothing; where it
+    says one could, such an estimate does make it switch."""
+    from planning.policy import estimates_can_matter
+    from planning.registry import codec
+
+    current = make_spec("none")
+    lossless = {s.label: 0.0 for s in candidates(COMPRESSOR_NAMES)}
+    wanted = estimates_can_matter(measure(bandwidth, current), DEFAULTS)
+    verdict, _ = decide(PolicyState(), measure(bandwidth, current, errors=lossless), DEFAULTS, 100.0)
+    switched_to_estimated = isinstance(verdict, Switch) and codec(verdict.spec.name).known_error is None
+    assert wanted == switched_to_estimated
+    if bandwidth in (GBIT10, MBIT50):  # 10 Gbit/s: nothing to gain; 50 Mbit/s: much to gain
+        assert wanted is (bandwidth == MBIT50)
+
+
+def test_no_estimate_is_wanted_without_a_peer_or_an_estimated_candidate_and_always_for_a_lossy_choice():
+    from planning.policy import estimates_can_matter
+
+    one_worker = Measurements(MBIT50, LATENCY, 1, PROFILE, make_spec("none"))
+    assert not estimates_can_matter(one_worker, DEFAULTS)
+    casts_only = PolicyConfig(allowed=("none", "fp16", "bf16"), critical_initial_steps=0)
+    assert not estimates_can_matter(measure(MBIT50, make_spec("none")), casts_only)
+    assert estimates_can_matter(measure(GBIT10, make_spec("acpsgd", rank=4)), DEFAULTS)  # judged by estimates
+    above_the_guard = PolicyConfig(allowed=("none", "acpsgd"), min_rank=64, max_rank=64, critical_initial_steps=0)
+    assert estimates_can_matter(measure(MBIT50, make_spec("none")), above_the_guard)

@@ -10,6 +10,7 @@ group through ``GradientSync`` (the hook's two calls).
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -187,6 +188,43 @@ def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group
     fixed = QualitySignal(cfg.model_copy(update={"compression": cfg.compression.model_copy(update={"mode": "fixed"})}),
                           sync)
     assert fixed.candidates == () and (fixed.after_step() or fixed.estimates) == {}
+
+
+def test_a_due_estimate_that_cannot_matter_is_deferred_at_no_cost(one_process_group):
+    """The gate is asked only when an estimate is due; while it says no, nothing is sampled or
+    estimated and the estimate waits another interval; once it says yes, the next due one runs."""
+    from planning.config import TrainConfig
+    from workers.quality import QualitySignal
+
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)))
+    sync = GradientSync(build("none")).install(model)
+    cfg = TrainConfig(name="q", model="mlp", dataset="synthetic", steps=10, workers=1, probe_interval_s=0.05,
+                      compression={"mode": "adaptive", "compressor": "none", "allowed": ["none", "acpsgd"],
+                                   "max_rank": 8})
+    signal = QualitySignal(cfg, sync)
+    asked = []
+
+    def gate(answer: bool):
+        def can_matter() -> bool:
+            asked.append(answer)
+            return answer
+        return can_matter
+
+    def step(can_matter) -> None:
+        model.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
+        signal.after_step(can_matter)
+
+    step(gate(False))  # due at start: asked, deferred
+    step(gate(False))  # within the interval: not even asked
+    assert asked == [False] and signal.deferred == 1 and signal.estimates == {} and signal.meter.sample == []
+    assert signal.overhead()["estimates"] == 0 and signal.overhead()["estimates_deferred"] == 1
+    time.sleep(0.06)
+    step(gate(True))  # due again: asked, a sample requested
+    step(gate(True))  # the estimate runs on it
+    assert asked == [False, True] and set(signal.estimates) >= {"acpsgd-r8", "acpsgd-r1"}
+    assert signal.overhead()["estimates"] == 1 and signal.estimate_s > 0
 
 
 def test_a_lossy_candidate_the_sample_cannot_resolve_gets_the_nearest_smaller_ranks_estimate():
