@@ -21,7 +21,9 @@ docstring has the measured range of k); top-k and sign keep their
 estimate then. A choice whose running error is 1 makes no progress: its time is null.
 
 The target: uncompressed training's progress at 90 % of the steps it takes through the whole
-trace. Every fixed candidate and the adaptive policy run until they reach it.
+trace. Every fixed candidate and the adaptive policy run until they reach it, and so does a
+clairvoyant switcher (:meth:`Replay.clairvoyant`: the best choice of every step, switched for
+free): its ratio to the best fixed choice is the least any policy could show on the trace.
 
 Said plainly: a policy judged on its own cost and progress model proves that its decisions
 follow from that model (where it turns compression off, which rank), not a speedup. The
@@ -186,6 +188,25 @@ class Replay:
         return {"time_to_target_s": round(t, 2), "steps": steps, "switches": switches,
                 "seconds_by_choice_and_rate": {k: round(v, 1) for k, v in used.items()}}
 
+    def clairvoyant(self, target: float, specs: Sequence[CompressorSpec]) -> dict[str, Any]:
+        """The bound no policy can beat under this model: every step runs the choice with the
+        most progress per second at the rate of that moment (it knows the link and the running
+        errors, pays nothing to switch and waits no dwell). Its time over the best fixed
+        choice's is the least ratio any policy could show on the trace."""
+        t, progress, steps, last = 0.0, 0.0, 0, None
+        switches: list[dict[str, Any]] = []
+        useful = [s for s in specs if contraction(self.running[s.label]) > 0]
+        while progress < target:
+            gbit = rate_at(self.trace, t)
+            spec = max(useful, key=lambda s: contraction(self.running[s.label]) / self.step_s(s, gbit))
+            if spec.label != last:
+                switches.append({"at_s": round(t, 1), "gbit": gbit, "to": spec.label})
+                last = spec.label
+            t += self.step_s(spec, gbit)
+            steps += 1
+            progress += contraction(self.running[spec.label])
+        return {"time_to_target_s": round(t, 2), "steps": steps, "switches": switches}
+
     def steps_through_trace(self, spec: CompressorSpec) -> int:
         t, steps = 0.0, 0
         total = sum(s.seconds for s in self.trace)
@@ -196,15 +217,17 @@ class Replay:
 
 
 def replay(args: argparse.Namespace) -> dict[str, Any]:
+    """Every fixed choice, the policy and the clairvoyant bound, per trace, model and worker count."""
     from workers.models import parameter_shapes
 
     paper = json.loads(args.paper_json.read_text()) if args.paper_json.exists() else {}
     cost = json.loads(args.cost_json.read_text()) if args.cost_json.exists() else None
-    trace = parse_trace(args.trace)
+    traces = {text: parse_trace(text) for text in args.trace or [DEFAULT_TRACE]}
     cfg = PolicyConfig(allowed=ALLOWED)
     specs = candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)
-    out: dict[str, Any] = {"trace": args.trace, "running_over_estimate": args.running_over_estimate,
-                           "running_exponent": args.running_exponent, "models": {}}
+    out: dict[str, Any] = {"traces": list(traces), "running_over_estimate": args.running_over_estimate,
+                           "running_exponent": args.running_exponent, "models": {},
+                           "runs": {text: {} for text in traces}}
     for model in args.models:
         shapes = [tuple(s) for s in parameter_shapes(model)]
         calib = (paper.get("calibration") or {}).get(f"{model}/2") or {}
@@ -214,24 +237,32 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         earlier = json.loads(args.errors_from.read_text())["models"].get(model) if args.errors_from else None
         errors = earlier["errors"] if earlier else measured_errors(model, specs, ERROR_BATCH.get(model, 8))
         running = running_errors(errors, args.running_over_estimate, args.running_exponent)
-        per_model: dict[str, Any] = {"errors": errors, "error_batch": ERROR_BATCH.get(model, 8),
-                                     "estimate_s": round(time.monotonic() - started, 1), "workers": {}}
-        for workers in args.workers:
-            sim = Replay(profile, workers, trace, errors, running)
-            target = 0.9 * sim.steps_through_trace(make_spec("none"))
-            fixed = {s.label: sim.run(target, s)["time_to_target_s"] for s in specs}
-            adaptive = sim.run(target, None, cfg)
-            best = min(fixed, key=lambda label: math.inf if fixed[label] is None else fixed[label])
-            per_model["workers"][str(workers)] = {
-                "target_progress": round(target, 1), "fixed_time_to_target_s": fixed, "best_fixed": best,
-                "adaptive": adaptive, "adaptive_over_best_fixed": _ratio(adaptive["time_to_target_s"], fixed[best]),
-                "step_s": {f"{s.label}@{g:g}": round(sim.step_s(s, g), 4) for s in specs for g in sorted({x.gbit for x in trace})},
-            }
-            print(f"[replay] {model} N={workers}: adaptive {adaptive['time_to_target_s']} s, best fixed {best} "
-                  f"{fixed[best]} s ({_ratio(adaptive['time_to_target_s'], fixed[best])}x), none {fixed['none']} s; "
-                  f"switches {[(s['at_s'], s['to']) for s in adaptive['switches']]}", flush=True)
-        out["models"][model] = per_model
+        out["models"][model] = {"errors": errors, "error_batch": ERROR_BATCH.get(model, 8),
+                                "estimate_s": round(time.monotonic() - started, 1)}
+        for text, trace in traces.items():
+            out["runs"][text][model] = {str(workers): replay_one(Replay(profile, workers, trace, errors, running), specs, cfg)
+                                        for workers in args.workers}
+            for workers, r in out["runs"][text][model].items():
+                print(f"[replay] {text} {model} N={workers}: adaptive {r['adaptive']['time_to_target_s']} s, best fixed "
+                      f"{r['best_fixed']} {r['fixed_time_to_target_s'][r['best_fixed']]} s "
+                      f"({r['adaptive_over_best_fixed']}x; clairvoyant {r['clairvoyant_over_best_fixed']}x)", flush=True)
     return out
+
+
+def replay_one(sim: Replay, specs: Sequence[CompressorSpec], cfg: PolicyConfig) -> dict[str, Any]:
+    """One (trace, model, workers): to the target with every fixed choice, the policy and the bound."""
+    target = 0.9 * sim.steps_through_trace(make_spec("none"))
+    fixed = {s.label: sim.run(target, s)["time_to_target_s"] for s in specs}
+    adaptive = sim.run(target, None, cfg)
+    bound = sim.clairvoyant(target, specs)
+    best = min(fixed, key=lambda label: math.inf if fixed[label] is None else fixed[label])
+    rates = sorted({x.gbit for x in sim.trace})
+    return {
+        "target_progress": round(target, 1), "fixed_time_to_target_s": fixed, "best_fixed": best,
+        "adaptive": adaptive, "adaptive_over_best_fixed": _ratio(adaptive["time_to_target_s"], fixed[best]),
+        "clairvoyant": bound, "clairvoyant_over_best_fixed": _ratio(bound["time_to_target_s"], fixed[best]),
+        "step_s": {f"{s.label}@{g:g}": round(sim.step_s(s, g), 4) for s in specs for g in rates},
+    }
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -249,18 +280,22 @@ def markdown(doc: Mapping[str, Any]) -> str:
     exponent = doc.get("running_exponent")
     running = (f"running error = estimate ** {exponent:g} (low-rank; top-k and sign: the estimate)" if exponent is not None
                else f"running error = estimate × {doc['running_over_estimate']:g}")
-    lines = [f"SIMULATION (cost model of benchmarks.simulate, progress model of planning.progress), "
-             f"trace `{doc['trace']}` (Gbit/s:seconds), {running}.", "",
-             "| model | workers | adaptive s | best fixed | best fixed s | adaptive / best | none s | adaptive's choices (at Gbit/s) |",
-             "|---|---:|---:|---|---:|---:|---:|---|"]
-    for model, m in doc["models"].items():
-        for workers, r in m["workers"].items():
-            moves = ", ".join(f"{s['to']} @ {s['at_s']:.0f} s ({s['gbit']:g})" for s in r["adaptive"]["switches"]) or "-"
-            fixed = r["fixed_time_to_target_s"]
-            lines.append(f"| {model} | {workers} | {_seconds(r['adaptive']['time_to_target_s'])} | {r['best_fixed']} | "
-                         f"{_seconds(fixed[r['best_fixed']])} | {_seconds(r['adaptive_over_best_fixed'], '.3f')} | "
-                         f"{_seconds(fixed['none'])} | {moves} |")
-    return "\n".join(lines) + "\n"
+    lines = []
+    for trace, models in doc["runs"].items():
+        lines += [f"SIMULATION (cost model of benchmarks.simulate, progress model of planning.progress), "
+                  f"trace `{trace}` (Gbit/s:seconds), {running}.", "",
+                  "| model | workers | adaptive s | best fixed | best fixed s | adaptive / best | clairvoyant / best | none s "
+                  "| adaptive's choices (at Gbit/s) |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---|"]
+        for model, by_workers in models.items():
+            for workers, r in by_workers.items():
+                moves = ", ".join(f"{s['to']} @ {s['at_s']:.0f} s ({s['gbit']:g})" for s in r["adaptive"]["switches"]) or "-"
+                fixed = r["fixed_time_to_target_s"]
+                lines.append(f"| {model} | {workers} | {_seconds(r['adaptive']['time_to_target_s'])} | {r['best_fixed']} | "
+                             f"{_seconds(fixed[r['best_fixed']])} | {_seconds(r['adaptive_over_best_fixed'], '.3f')} | "
+                             f"{_seconds(r['clairvoyant_over_best_fixed'], '.3f')} | {_seconds(fixed['none'])} | {moves} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _seconds(value: float | None, form: str = ".0f") -> str:
@@ -278,7 +313,8 @@ def ratio_from_benchmark(path: Path) -> float | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.adaptive_replay", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trace", default=DEFAULT_TRACE, help="GBIT:SECONDS,... (default %(default)s)")
+    parser.add_argument("--trace", action="append", default=None, metavar="GBIT:SECONDS,...",
+                        help=f"a bandwidth trace; repeat for several (default {DEFAULT_TRACE})")
     parser.add_argument("--models", nargs="+", default=list(GPU_COMPUTE))
     parser.add_argument("--workers", nargs="+", type=int, default=[8, 32, 64])
     parser.add_argument("--running-over-estimate", type=float, default=None,

@@ -42,6 +42,10 @@ def test_the_policy_compresses_only_on_the_slow_stretch_and_beats_every_fixed_ch
     assert slow and slow[0]["to"] != "none"  # compresses on the slow stretch
     assert fast and fast[-1]["to"] == "none"  # and turns compression off when the link is fast again
     assert adaptive["time_to_target_s"] < min(fixed.values())
+    bound = sim.clairvoyant(target, candidates(CFG.allowed))
+    assert bound["time_to_target_s"] <= adaptive["time_to_target_s"]  # no policy beats it
+    assert [s["to"] == "none" for s in bound["switches"]] == [True, False, True]  # the best of each stretch
+    assert [s["gbit"] for s in bound["switches"]] == [25, 1, 25]
 
 
 def test_the_running_error_by_exponent_and_a_choice_that_loses_everything():
@@ -56,3 +60,19 @@ def test_the_running_error_by_exponent_and_a_choice_that_loses_everything():
     target = 0.9 * sim.steps_through_trace(make_spec("none"))
     assert sim.run(target, make_spec("signsgd"))["time_to_target_s"] is None
     assert sim.run(target, make_spec("none"))["time_to_target_s"] > 0
+
+
+def test_one_setting_reports_every_choice_the_policy_and_the_bound_and_the_table_shows_them():
+    e = errors()
+    sim = replay.Replay(PROFILE, 32, replay.parse_trace("25:60,1:60"), e, e)
+    row = replay.replay_one(sim, candidates(CFG.allowed), CFG)
+    fixed = row["fixed_time_to_target_s"]
+    assert set(fixed) == {s.label for s in candidates(CFG.allowed)} and fixed[row["best_fixed"]] == min(
+        t for t in fixed.values() if t is not None)
+    assert row["clairvoyant_over_best_fixed"] <= row["adaptive_over_best_fixed"]
+    assert row["clairvoyant_over_best_fixed"] == pytest.approx(
+        row["clairvoyant"]["time_to_target_s"] / fixed[row["best_fixed"]], abs=1e-3)
+    doc = {"running_over_estimate": 1.0, "running_exponent": None, "runs": {"25:60,1:60": {"toy": {"32": row}}}}
+    table = replay.markdown(doc)
+    assert "trace `25:60,1:60`" in table and f"| toy | 32 | {row['adaptive']['time_to_target_s']:.0f} |" in table
+    assert f"| {row['clairvoyant_over_best_fixed']:.3f} |" in table
