@@ -70,6 +70,16 @@ def markdown(doc: dict[str, Any]) -> str:
     out += ["**Worst ratio to the best fixed choice across scenarios** (- : missed a target)", "",
             "| run | worst ratio |", "|---|---:|"]
     out += [f"| {label} | {'-' if r is None else f'{r:.3f}'} |" for label, r in worst.items()]
+    bounds = doc["verdict"].get("switching_bound") or {}
+    if bounds:
+        out += ["", "**Clairvoyant switching bound** (each phase run by the fixed choice fastest per step at its rate "
+                "in this run's steady scenario, switched for free, in the fewest steps any fixed choice needed): "
+                "the least ratio to the best fixed choice any policy could show", "",
+                "| scenario | bound | fastest per phase | best fixed (predicted) | adaptive measured |", "|---|---:|---|---|---:|"]
+        for name, b in bounds.items():
+            measured = doc["scenarios"][name]["verdict"]["ratio_to_best"].get(ADAPTIVE)
+            out.append(f"| {name} | {b['ratio']:.3f} | {', '.join(b['fastest_by_phase'])} | {b['best_fixed']} | "
+                       f"{'-' if measured is None else f'{measured:.3f}'} |")
     return "\n".join(out) + "\n"
 
 

@@ -161,8 +161,62 @@ def _ratio(a: float, b: float) -> float | None:
     return None if not (math.isfinite(a) and math.isfinite(b)) or b <= 0 else round(a / b, 3)
 
 
+def switching_bounds(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """For each scenario whose link changes: the least ratio to the best fixed choice that any
+    switching policy could show, from this run's own step times.
+
+    Why: whether adaptive can beat every fixed choice by much is bounded by how much the best
+    choice of each phase beats the best single choice, which the machine decides, not the
+    policy. A clairvoyant switcher runs each phase with the fixed choice fastest per step at
+    that rate (measured in the steady scenario at that rate) and needs the fewest steps any
+    fixed choice needed to reach the target here; switching costs it nothing. Its time over the
+    best fixed choice's, predicted from the same steady step times, is the bound. Only choices
+    that reached the target in the scenario count; a scenario with a rate no steady scenario
+    ran at gets no bound.
+    """
+    per_step: dict[float, dict[str, float]] = {}
+    for scenario in doc["scenarios"].values():
+        if len(scenario["schedule"]) == 1:
+            steps = scenario["schedule"][0]["steps"]
+            per_step[scenario["schedule"][0]["mbit"]] = {
+                label: r["total_s"] / (steps - 1) for label, r in scenario["runs"].items() if not is_adaptive(label)}
+    out: dict[str, dict[str, Any]] = {}
+    for name, scenario in doc["scenarios"].items():
+        phases = [Phase(p["mbit"], p["steps"]) for p in scenario["schedule"]]
+        if len({p.mbit for p in phases}) < 2 or any(p.mbit not in per_step for p in phases):
+            continue
+        hit = {label: _hit_step(r["eval"], scenario["target"]) for label, r in scenario["runs"].items()
+               if not is_adaptive(label) and r["time_to_target_s"] is not None
+               and all(label in per_step[p.mbit] for p in phases)}
+        if not hit:
+            continue
+        fewest = min(hit.values())
+        fastest = [min(hit, key=lambda label: per_step[p.mbit][label]) for p in phases]
+        clairvoyant = sum(n * per_step[p.mbit][label] for p, n, label in zip(phases, _steps_in(phases, fewest), fastest))
+        fixed = {label: sum(n * per_step[p.mbit][label] for p, n in zip(phases, _steps_in(phases, steps)))
+                 for label, steps in hit.items()}
+        best = min(fixed, key=lambda label: fixed[label])
+        out[name] = {"ratio": round(clairvoyant / fixed[best], 3), "best_fixed": best,
+                     "steps_to_target": fewest, "fastest_by_phase": fastest}
+    return out
+
+
+def _hit_step(evals: Sequence[Sequence[float]], target: float) -> int:
+    return next(int(step) for step, _, loss in evals if loss <= target)
+
+
+def _steps_in(phases: Sequence[Phase], steps: int) -> list[int]:
+    """How many of the first ``steps`` steps fall in each phase."""
+    out, start = [], 0
+    for phase in phases:
+        out.append(max(0, min(phase.steps, steps - start)))
+        start += phase.steps
+    return out
+
+
 def overall_verdict(doc: dict[str, Any]) -> dict[str, Any]:
-    """Each run's worst ratio to the scenario's best fixed choice (None: missed a target)."""
+    """Each run's worst ratio to the scenario's best fixed choice (None: missed a target), and
+    the scenarios' switching bounds (:func:`switching_bounds`)."""
     worst: dict[str, float | None] = {}
     for scenario in doc["scenarios"].values():
         for label, ratio in scenario["verdict"]["ratio_to_best"].items():
@@ -170,6 +224,6 @@ def overall_verdict(doc: dict[str, Any]) -> dict[str, Any]:
                 worst[label] = ratio
             elif worst[label] is not None:
                 worst[label] = None if ratio is None else max(worst[label], ratio)  # type: ignore[type-var]
-    return {"worst_ratio_to_best_fixed": worst}
+    return {"worst_ratio_to_best_fixed": worst, "switching_bound": switching_bounds(doc)}
 
 

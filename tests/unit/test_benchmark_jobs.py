@@ -47,3 +47,34 @@ def test_the_repeat_at_the_median_time_to_target_stands_for_a_choice() -> None:
     assert combine_repeats([repeat(None, 0.5), repeat(None, 0.5), repeat(3.0, 0.5)])["time_to_target_s"] is None
     assert curve_spread([repeat(1.0, 0.4), repeat(2.0, 0.4)]) == 0.0
     assert curve_spread([repeat(1.0, 0.4), repeat(2.0, 0.43)]) == 0.03
+
+
+def test_the_switching_bound_runs_each_phase_with_its_fastest_choice_for_free() -> None:
+    """Fixed choice ``none`` steps 0.10 s fast and 0.30 s slow, ``b`` 0.12 s and 0.15 s; both
+    reach the target at step 90 of 100 (50 fast, 20 slow, 30 fast: 70 fast and 20 slow steps
+    to it). Best fixed, predicted from those step times: ``b``, 70 · 0.12 + 20 · 0.15 = 11.4 s
+    (``none``: 13.0 s); the clairvoyant: none, b, none = 70 · 0.10 + 20 · 0.15 = 10.0 s."""
+    from benchmarks.adaptive.report import markdown
+    from benchmarks.adaptive.results import overall_verdict, scenario_verdict
+
+    def run(total_s: float, hit: bool = True, adaptive: bool = False) -> dict:
+        evals = [[step, step * 0.1, 0.3 if hit and step >= 90 else 0.5] for step in range(15, 91, 15)]
+        return {"time_to_target_s": 9.0 if hit else None, "total_s": total_s, "final_eval": 0.3, "eval": evals,
+                "switches": [], "foreign_cores": 0.0}
+
+    def steady(mbit: float, a: float, b: float) -> dict:
+        runs = {"none": run(a * 99), "b": run(b * 99), "c": run(0.01 * 99, hit=False)}
+        return {"schedule": [{"mbit": mbit, "steps": 100}], "schedule_text": f"{mbit}:100", "target": 0.4, "runs": runs}
+
+    changing = {"schedule": [{"mbit": 1000, "steps": 50}, {"mbit": 50, "steps": 20}, {"mbit": 1000, "steps": 30}],
+                "schedule_text": "1000:50,50:20,1000:30", "target": 0.4,
+                "runs": {"none": run(20.0), "b": run(13.0), "c": run(8.0, hit=False), "adaptive": run(11.0)}}
+    doc = {"scenarios": {"fast": steady(1000, 0.10, 0.12), "slow": steady(50, 0.30, 0.15), "fsf": changing}}
+    for scenario in doc["scenarios"].values():
+        scenario["verdict"] = scenario_verdict(scenario["runs"])
+    doc["verdict"] = overall_verdict(doc)
+    bound = doc["verdict"]["switching_bound"]
+    assert set(bound) == {"fsf"}  # the steady scenarios bound nothing
+    assert bound["fsf"]["fastest_by_phase"] == ["none", "b", "none"]  # c never reached the target: not a choice
+    assert bound["fsf"]["best_fixed"] == "b" and bound["fsf"]["ratio"] == round(10.0 / (70 * 0.12 + 20 * 0.15), 3)
+    assert "| fsf | 0.877 | none, b, none | b |" in markdown(doc)
