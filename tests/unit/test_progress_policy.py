@@ -327,3 +327,28 @@ def test_no_estimate_is_wanted_without_a_peer_or_an_estimated_candidate_and_alwa
     assert estimates_can_matter(measure(GBIT10, make_spec("acpsgd", rank=4)), DEFAULTS)  # judged by estimates
     above_the_guard = PolicyConfig(allowed=("none", "acpsgd"), min_rank=64, max_rank=64, critical_initial_steps=0)
     assert estimates_can_matter(measure(MBIT50, make_spec("none")), above_the_guard)
+
+
+def test_each_exchange_enters_the_running_average_once_however_many_reports_repeat_it():
+    """Reports come every 0.1 s and repeat the latest exchange's figures until the next one:
+    three reports of one exchange are one sample, a new exchange is the next."""
+    from planning.controller import AdaptiveController
+    from planning.protocol import ModelProfile, Telemetry
+    from planning.sections import CompressionConfig
+
+    controller = AdaptiveController(CompressionConfig(mode="adaptive", compressor="acpsgd", rank=8))
+    profile = ModelProfile(shapes=[[1024, 1024], [1024]], forward_s=0.002, backward_s=0.004)
+
+    def report(step: int, efficiency: float, error: float) -> None:
+        controller.observe(Telemetry(step=step, bandwidth_bytes_per_second=MBIT50, compressor="acpsgd",
+                                     compressor_rank=8, update_efficiency=efficiency, compression_error=error,
+                                     profile=profile), now=float(step))
+
+    for step in (200, 201, 202):
+        report(step, 0.9, 0.4)
+    assert dict(controller.state.measured) == {"acpsgd-r8": 0.9}  # not 0.9 folded three times
+    report(205, 0.5, 0.6)
+    report(206, 0.5, 0.6)
+    assert dict(controller.state.measured)["acpsgd-r8"] == pytest.approx(0.9 + 0.3 * (0.5 - 0.9))
+    report(210, 0.5, 0.61)  # the same efficiency from a new exchange (another error): a sample
+    assert dict(controller.state.measured)["acpsgd-r8"] == pytest.approx(0.78 + 0.3 * (0.5 - 0.78))
