@@ -35,7 +35,8 @@ Algorithm of :func:`decide`:
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
    Otherwise switch only when the predicted gain ``(τ_current − τ_best) / τ_current`` (the
    share of time to accuracy saved) exceeds ``gain_threshold`` and at least ``min_dwell_s``
-   passed since the last switch.
+   passed since the last switch. ``τ_current`` gives the running choice the benefit of the
+   doubt: its averaged efficiency plus one standard error of its noisy samples.
 """
 
 from __future__ import annotations
@@ -55,7 +56,16 @@ from planning.costmodel import (
     candidates,
     predict_step,
 )
-from planning.progress import Measured, calibrated_errors, error_of, record_running, seconds_per_progress
+from planning.progress import (
+    Measured,
+    calibrated_errors,
+    error_of,
+    error_of_efficiency,
+    record_running,
+    record_spread,
+    seconds_per_progress,
+    standard_error,
+)
 from planning.spec import CompressorSpec
 
 
@@ -152,6 +162,8 @@ class PolicyState:
     switches: int = 0
     #: Averaged running efficiency of every label that has run (``planning.progress``).
     measured: Measured = ()
+    #: The variance of each label's efficiency samples (``planning.progress.record_spread``).
+    spread: Measured = ()
 
 
 @dataclass(frozen=True)
@@ -333,7 +345,8 @@ def decide(
     state = _smooth_link(state, m, cfg, now)
     critical_why, state = _critical_regime(state, m, cfg, now)
     if m.running_efficiency is not None:
-        state = dataclasses.replace(state, measured=record_running(state.measured, *m.running_efficiency))
+        state = dataclasses.replace(state, spread=record_spread(state.spread, state.measured, *m.running_efficiency),
+                                    measured=record_running(state.measured, *m.running_efficiency))
     m = dataclasses.replace(m, errors=calibrated_errors(m.errors, state.measured))
     assert state.bandwidth_ewma is not None and state.latency_ewma is not None
     link = alpha_beta_from_bandwidth(state.bandwidth_ewma, _alpha(state.latency_ewma, m.world_size))._replace(
@@ -342,7 +355,7 @@ def decide(
     pool = [_adopt(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)
     passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
-    current = _score(m.current, m, link)
+    current = _score(m.current, _doubt_in_favour(m, state), link)
     best = _best(passing, m, link) if passing else None
     if best is None:
         why = "no candidate passes the quality guard" if not passing else "no passing candidate has a measured error yet"
@@ -371,6 +384,25 @@ def decide(
         return Keep(f"{comparison}; last switch {waited:.0f} s ago (min dwell {cfg.min_dwell_s:.0f} s)",
                     current.step.step_s), state
     return _switch(best.spec, current, best, comparison, state, now)
+
+
+def _doubt_in_favour(m: Measurements, state: PolicyState) -> Measurements:
+    """The measurements with the current choice judged one standard error better than its
+    averaged efficiency (``planning.progress.standard_error``).
+
+    Why: a running choice's efficiency is an average of noisy samples (η on the CNN scattered
+    from 0.5 to 1 from one exchange to the next), and the other labels are judged by older
+    averages and by estimates calibrated from them. Within that noise the policy flapped
+    between ranks whose time per progress lay 10-14 % apart, each move a gain above the
+    threshold that the next samples took back. A switch must now gain the threshold beyond
+    the incumbent's own uncertainty; a label measured once has none yet (the dwell guards it).
+    """
+    label = m.current.label
+    averaged = dict(state.measured).get(label)
+    if m.errors is None or averaged is None:
+        return m
+    optimistic = min(1.0, averaged + standard_error(state.spread, label))
+    return dataclasses.replace(m, errors={**m.errors, label: error_of_efficiency(optimistic)})
 
 
 def _gain(current: _Scored, best: _Scored) -> float:

@@ -106,6 +106,25 @@ def record_running(measured: Measured, label: str, efficiency: float, weight: fl
                  if k != label) + ((label, value),)
 
 
+def record_spread(spread: Measured, measured: Measured, label: str, efficiency: float,
+                  weight: float = RUNNING_WEIGHT) -> Measured:
+    """Fold one report's efficiency of ``label`` into the exponentially weighted variance of
+    its samples around its average in ``measured`` (the average before this report): the
+    standard update ``v ← (1 − w)(v + w(x − μ)²)``; a label's first report has none (0)."""
+    efficiency = min(1.0, max(0.0, efficiency))
+    previous_mean = dict(measured).get(label)
+    variance = dict(spread).get(label, 0.0)
+    if previous_mean is not None:
+        variance = (1 - weight) * (variance + weight * (efficiency - previous_mean) ** 2)
+    return tuple((k, v) for k, v in spread if k != label) + ((label, variance),)
+
+
+def standard_error(spread: Measured, label: str, weight: float = RUNNING_WEIGHT) -> float:
+    """Standard error of ``label``'s averaged efficiency: an average with weight ``w`` over
+    samples of variance ``v`` varies by ``v · w / (2 − w)`` (0 for a label not measured)."""
+    return math.sqrt(dict(spread).get(label, 0.0) * weight / (2 - weight))
+
+
 def _error_drift(previous: float | None, value: float) -> float:
     """How much the error of an averaged efficiency moved (1 for a first report or from 0)."""
     if previous is None:
@@ -216,4 +235,23 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
         elif exponent is not None and estimate > 0:
             out[label] = min(1.0, estimate ** exponent)
     out.update(dict(errors))
+    return _monotone_in_rank(out)
+
+
+def _monotone_in_rank(errors: dict[str, float]) -> dict[str, float]:
+    """No rank of a compressor is judged less lossy than a higher rank of it: a lower rank's
+    error is at least every higher rank's. The truncated spectrum only shrinks with the rank,
+    but the averages of noisy samples, the drift and a fit whose slope is held at 0 can put a
+    measured rank 16 above the rank 4 beside it (the policy then left rank 16 for rank 4,
+    12.8 % "less time per progress" at errors 0.499 and 0.51)."""
+    out = dict(errors)
+    by_compressor: dict[str, list[tuple[int, str]]] = {}
+    for label in out:
+        rank = rank_of(label)
+        if rank is not None:
+            by_compressor.setdefault(compressor_of(label), []).append((rank, label))
+    for ranks in by_compressor.values():
+        floor = 0.0
+        for _, label in sorted(ranks, reverse=True):
+            floor = out[label] = max(out[label], floor)
     return out

@@ -3,6 +3,7 @@ with a frozen clock: plain floats, no torch, the policy's DEFAULT bounds unless 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -352,3 +353,46 @@ def test_each_exchange_enters_the_running_average_once_however_many_reports_repe
     assert dict(controller.state.measured)["acpsgd-r8"] == pytest.approx(0.9 + 0.3 * (0.5 - 0.9))
     report(210, 0.5, 0.61)  # the same efficiency from a new exchange (another error): a sample
     assert dict(controller.state.measured)["acpsgd-r8"] == pytest.approx(0.78 + 0.3 * (0.5 - 0.78))
+
+
+def test_no_rank_is_judged_less_lossy_than_a_higher_rank_of_its_compressor():
+    """Averages, drift and a flat fit put measured rank 16 (0.51) above the fitted rank 4
+    (0.499) in a benchmark run, and the policy moved to rank 4 for it."""
+    from planning.progress import calibrated_errors
+
+    estimates = {"acpsgd-r4": 0.2, "acpsgd-r8": 0.1, "acpsgd-r16": 0.05, "powersgd-r4": 0.2, "topk-0.01": 0.3}
+    judged = calibrated_errors(estimates, (("acpsgd-r8", contraction(0.49)), ("acpsgd-r16", contraction(0.51))))
+    assert judged["acpsgd-r16"] == pytest.approx(0.51)
+    assert judged["acpsgd-r8"] == pytest.approx(0.51) and judged["acpsgd-r4"] >= 0.51  # raised to rank 16's
+    assert judged["topk-0.01"] == 0.3  # no rank: untouched
+    assert calibrated_errors({"acpsgd-r4": 0.2, "acpsgd-r16": 0.3}, ())["acpsgd-r4"] == 0.3
+
+
+def test_the_incumbent_gets_one_standard_error_of_its_samples_before_the_threshold():
+    """Two ranks 10-14 % apart in time per progress: with the running rank's samples
+    scattered ±0.2 around 0.6, a challenger 12 % ahead on the averages does not move it; with
+    steady samples it does."""
+    from planning.progress import record_running, record_spread, standard_error
+
+    spread, measured = (), ()
+    for x in (0.6, 0.8, 0.4, 0.8, 0.4, 0.6):
+        spread = record_spread(spread, measured, "acpsgd-r8", x)
+        measured = record_running(measured, "acpsgd-r8", x)
+    assert standard_error(spread, "acpsgd-r8") == pytest.approx(
+        math.sqrt(dict(spread)["acpsgd-r8"] * 0.3 / 1.7)) and 0.05 < standard_error(spread, "acpsgd-r8") < 0.1
+    assert standard_error((), "acpsgd-r8") == 0.0 and dict(record_spread((), (), "none", 1.0)) == {"none": 0.0}
+
+    cfg = PolicyConfig(allowed=("acpsgd",), critical_initial_steps=0, min_rank=8, max_rank=16)
+    current = make_spec("acpsgd", rank=8)
+    link = alpha_beta_from_bandwidth(MBIT50, LATENCY / (2 * (WORKERS - 1)))
+    step = {r: predict_step(make_spec("acpsgd", rank=r), PROFILE, WORKERS, link).step_s for r in (8, 16)}
+    mean8 = dict(measured)["acpsgd-r8"]
+    # rank 16's efficiency that puts it 12 % ahead of rank 8 on the averages
+    eff16 = step[16] / (0.88 * step[8] / mean8)
+    m = Measurements(MBIT50, LATENCY, WORKERS, PROFILE, current, errors={"acpsgd-r8": 0.1, "acpsgd-r16": 0.05})
+    noisy = PolicyState(measured=(("acpsgd-r16", eff16),) + measured, spread=spread)
+    verdict, _ = decide(noisy, m, cfg, 100.0)
+    assert isinstance(verdict, Keep), verdict
+    steady = dataclasses.replace(noisy, spread=())
+    verdict, _ = decide(steady, m, cfg, 100.0)
+    assert isinstance(verdict, Switch) and verdict.spec.label == "acpsgd-r16"
