@@ -56,6 +56,7 @@ from benchmarks.testbed import Testbed, measure_allreduce, tbf_burst_bytes
 from planning.controller import step_profile
 from planning.costmodel import alpha_beta_from_bandwidth, predict_step
 from planning.protocol import ModelProfile
+from planning.sections import LR_SCHEDULES
 from planning.spec import make_spec
 
 DEFAULT_RATES = (1000.0, 200.0, 50.0)
@@ -266,7 +267,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=64, help="sequence length (BERT models)")
     parser.add_argument("--bucket-cap-mb", type=float, default=0.25)
     parser.add_argument("--lr", type=float, default=0.02)
-    parser.add_argument("--lr-schedule", choices=["constant", "cosine", "step"], default="constant",
+    parser.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="constant",
                         help="step times do not depend on it")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sync-every", type=int, default=5)

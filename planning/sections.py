@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     AliasChoices,
@@ -155,6 +155,11 @@ class DataConfig(_Section):
         return is_import_path(self.dataset)
 
 
+#: The learning-rate schedules a job may name (command lines offer the same choices).
+LrSchedule = Literal["constant", "cosine", "step"]
+LR_SCHEDULES: tuple[str, ...] = get_args(LrSchedule)
+
+
 class OptimizerConfig(_Section):
     """The optimizer and its learning-rate schedule."""
 
@@ -162,7 +167,7 @@ class OptimizerConfig(_Section):
     lr: float = Field(default=0.05, gt=0, le=100)
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0, le=1)
-    lr_schedule: Literal["constant", "cosine", "step"] = "constant"
+    lr_schedule: LrSchedule = "constant"
 
 
 class ScheduledDecision(_Section):

@@ -39,6 +39,7 @@ from benchmarks.adaptive.scenarios import (
 )
 from benchmarks.machine import bench_lock, foreign_load, wait_for_quiet
 from benchmarks.testbed import Testbed
+from planning.sections import LR_SCHEDULES
 
 # --------------------------------------------------------------------------- main
 
@@ -119,7 +120,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--bucket-cap-mb", type=float, default=0.25,
                         help="DDP bucket cap; small, so the CNN's buckets overlap backward")
     parser.add_argument("--lr", type=float, default=0.02)
-    parser.add_argument("--lr-schedule", choices=["constant", "cosine", "step"], default="cosine",
+    parser.add_argument("--lr-schedule", choices=LR_SCHEDULES, default="cosine",
                         help="cosine (to 0 at the last step): at a constant rate the held-out loss of "
                              "uncompressed training reaches its noise floor a third into the run, and the "
                              "first evaluation below the target is a matter of which run dips first")
