@@ -192,7 +192,8 @@ class Replay:
         """The bound no policy can beat under this model: every step runs the choice with the
         most progress per second at the rate of that moment (it knows the link and the running
         errors, pays nothing to switch and waits no dwell). Its time over the best fixed
-        choice's is the least ratio any policy could show on the trace."""
+        choice's is the least ratio any policy could show on the trace (up to the few steps
+        that straddle a change of rate, judged, like every run here, at the rate they start at)."""
         t, progress, steps, last = 0.0, 0.0, 0, None
         switches: list[dict[str, Any]] = []
         useful = [s for s in specs if contraction(self.running[s.label]) > 0]
@@ -329,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="reuse the measured errors of an earlier replay JSON (skips the backward passes)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.trace and len(set(args.trace)) < len(args.trace):
+        parser.error("--trace: each trace once")
     if args.running_exponent is not None:
         if args.running_over_estimate is not None:
             parser.error("--running-exponent: give it or --running-over-estimate, not both")

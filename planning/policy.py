@@ -58,7 +58,9 @@ from planning.costmodel import (
 )
 from planning.progress import (
     Measured,
+    Spread,
     calibrated_errors,
+    contraction,
     error_of,
     error_of_efficiency,
     record_running,
@@ -163,7 +165,7 @@ class PolicyState:
     #: Averaged running efficiency of every label that has run (``planning.progress``).
     measured: Measured = ()
     #: The variance of each label's efficiency samples (``planning.progress.record_spread``).
-    spread: Measured = ()
+    spread: Spread = ()
 
 
 @dataclass(frozen=True)
@@ -398,10 +400,9 @@ def _doubt_in_favour(m: Measurements, state: PolicyState) -> Measurements:
     the incumbent's own uncertainty; a label measured once has none yet (the dwell guards it).
     """
     label = m.current.label
-    averaged = dict(state.measured).get(label)
-    if m.errors is None or averaged is None:
+    if m.errors is None or label not in m.errors or label not in dict(state.measured):
         return m
-    optimistic = min(1.0, averaged + standard_error(state.spread, label))
+    optimistic = min(1.0, contraction(m.errors[label]) + standard_error(state.spread, label))
     return dataclasses.replace(m, errors={**m.errors, label: error_of_efficiency(optimistic)})
 
 
@@ -440,13 +441,16 @@ def estimates_can_matter(m: Measurements, cfg: PolicyConfig) -> bool:
     while the current choice's error is known (``none`` and the casts: ``Codec.known_error``)
     and no estimated candidate's step is predicted faster than the current time per progress
     by more than ``gain_threshold``, no estimate, however small, could make the policy switch
-    to it. Judged at this report's link (not the policy's smoothed one: a drop opens the gate
-    at once) and with the ordinary quality guard (a superset of the critical one). A current
-    choice that is itself lossy is always judged against estimates: True.
+    to it at this link. Judged at the link the caller measured now (rank 0's, not the policy's
+    smoothed one: a drop opens the gate at once; while a recovery is still being confirmed the
+    policy may decide on the estimates it already has) and with the ordinary quality guard (a
+    superset of the critical one). True for a current choice that is itself lossy (judged
+    against estimates) or that fails the guard (``decide`` leaves it at once for the best that
+    passes, and needs the estimates to judge them).
     """
     known = registry.codec(m.current.name).known_error
-    if known is None:
-        return True
+    if known is None or guard_failure(m.current, cfg, False) is not None:
+        return True  # judged against estimates, or leaving at once for the best that passes
     if m.world_size < 2 or not math.isfinite(m.bandwidth_bytes_per_second):
         return False  # no collective has a peer: compressing only adds work
     link = alpha_beta_from_bandwidth(m.bandwidth_bytes_per_second, _alpha(m.latency_s, m.world_size))._replace(

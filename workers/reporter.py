@@ -9,6 +9,7 @@ an active link probe is due, within the job's probe budget. Used by the built-in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
@@ -116,7 +117,7 @@ class Reporter:
         last = self.sync.last_step()
         if self.env.rank != 0:
             return
-        self.quality.after_step(self._estimates_can_matter)
+        self.quality.after_step(lambda: self._estimates_can_matter(timer))
         if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
             kind = registry.codec(self.sync.compressor.name).collective
             self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
@@ -170,16 +171,21 @@ class Reporter:
             resumed_from_step=self.resumed_from_step,
         )
 
-    def _estimates_can_matter(self) -> bool:
+    def _estimates_can_matter(self, timer: StepTimer) -> bool:
         """Whether a due estimate of the candidates could change the policy's choice at the
-        link measured now (``planning.policy.estimates_can_matter``); True while the model
-        profile or the link is not known yet (the first estimate is made as before)."""
+        link measured now (``planning.policy.estimates_can_matter``), with the compute jitter
+        the policy's profile gets too; True while the model profile or the link is not known
+        yet (the first estimate is made as before)."""
         bandwidth, latency = self.bandwidth()
         if self.model_profile is None or bandwidth is None:
             return True
         if self._cost_profile is None:
             self._cost_profile = step_profile(self.model_profile, self.quality.candidates)
-        m = Measurements(bandwidth, latency or 0.0, self.env.world_size, self._cost_profile,
+        profile = self._cost_profile
+        jitter = timer.compute_jitter_s()
+        if jitter is not None:
+            profile = dataclasses.replace(profile, compute_jitter_s=jitter)
+        m = Measurements(bandwidth, latency or 0.0, self.env.world_size, profile,
                          self.sync.compressor.spec, wake_s=self.estimate.wake_s)
         return estimates_can_matter(m, policy_config(self.cfg.compression))
 

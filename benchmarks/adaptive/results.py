@@ -176,18 +176,18 @@ def switching_bounds(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """
     per_step: dict[float, dict[str, float]] = {}
     for scenario in doc["scenarios"].values():
-        if len(scenario["schedule"]) == 1:
-            steps = scenario["schedule"][0]["steps"]
-            per_step[scenario["schedule"][0]["mbit"]] = {
-                label: r["total_s"] / (steps - 1) for label, r in scenario["runs"].items() if not is_adaptive(label)}
+        steps = sum(p["steps"] for p in scenario["schedule"])
+        if len(scenario["schedule"]) == 1 and steps > 1:  # the first steady scenario at a rate counts
+            per_step.setdefault(scenario["schedule"][0]["mbit"], {
+                label: r["total_s"] / (steps - 1) for label, r in scenario["runs"].items() if not is_adaptive(label)})
     out: dict[str, dict[str, Any]] = {}
     for name, scenario in doc["scenarios"].items():
         phases = [Phase(p["mbit"], p["steps"]) for p in scenario["schedule"]]
         if len({p.mbit for p in phases}) < 2 or any(p.mbit not in per_step for p in phases):
             continue
-        hit = {label: _hit_step(r["eval"], scenario["target"]) for label, r in scenario["runs"].items()
-               if not is_adaptive(label) and r["time_to_target_s"] is not None
-               and all(label in per_step[p.mbit] for p in phases)}
+        hit = {label: step for label, r in scenario["runs"].items()
+               if not is_adaptive(label) and all(label in per_step[p.mbit] for p in phases)
+               and (step := _hit_step(r["eval"], scenario["target"])) is not None}
         if not hit:
             continue
         fewest = min(hit.values())
@@ -201,8 +201,9 @@ def switching_bounds(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _hit_step(evals: Sequence[Sequence[float]], target: float) -> int:
-    return next(int(step) for step, _, loss in evals if loss <= target)
+def _hit_step(evals: Sequence[Sequence[float]], target: float) -> int | None:
+    """The first evaluated step at or below the target (None: never reached)."""
+    return next((int(step) for step, _, loss in evals if loss <= target), None)
 
 
 def _steps_in(phases: Sequence[Phase], steps: int) -> list[int]:
