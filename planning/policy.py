@@ -441,7 +441,7 @@ def estimates_can_matter(m: Measurements, cfg: PolicyConfig) -> bool:
     while the current choice's error is known (``none`` and the casts: ``Codec.known_error``)
     and no estimated candidate's step is predicted faster than the current time per progress
     by more than ``gain_threshold``, no estimate, however small, could make the policy switch
-    to it at this link. Judged at the link the caller measured now (rank 0's, not the policy's
+    to it at this link. Judged at the link of rank 0's latest report (not the policy's
     smoothed one: a drop opens the gate at once; while a recovery is still being confirmed the
     policy may decide on the estimates it already has) and with the ordinary quality guard (a
     superset of the critical one). True for a current choice that is itself lossy (judged

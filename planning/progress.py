@@ -50,9 +50,15 @@ def error_of_efficiency(efficiency: float) -> float:
     it through ``ε`` keeps the estimates' calibration (:func:`calibrated_errors`) as it is:
     a measured running figure is a running figure whichever the quantity.
     """
-    if not math.isfinite(efficiency):
-        raise ValueError(f"efficiency: must be a finite number, got {efficiency!r}")
-    return math.sqrt(1.0 - min(1.0, max(0.0, efficiency)))
+    return math.sqrt(1.0 - as_efficiency(efficiency))
+
+
+def as_efficiency(value: float) -> float:
+    """A measured efficiency clamped to [0, 1] (a sampled η strays past either end); a
+    ValueError naming the field if it is not a finite number."""
+    if not math.isfinite(value):
+        raise ValueError(f"efficiency: must be a finite number, got {value!r}")
+    return min(1.0, max(0.0, value))
 
 
 def seconds_per_progress(step_s: float, error: float) -> float:
@@ -96,9 +102,7 @@ def record_running(measured: Measured, label: str, efficiency: float, weight: fl
     of the running rank, and the policy went back to stale ranks every dwell. Casts, top-k and
     sign neither give nor take this drift (a cast's tiny error says nothing about the spectrum).
     """
-    if not math.isfinite(efficiency):
-        raise ValueError(f"efficiency: must be a finite number, got {efficiency!r}")
-    efficiency = min(1.0, max(0.0, efficiency))
+    efficiency = as_efficiency(efficiency)
     previous = dict(measured).get(label)
     value = efficiency if previous is None else previous + weight * (efficiency - previous)
     drift = _error_drift(previous, value) if rank_of(label) is not None else 1.0
@@ -116,7 +120,7 @@ def record_spread(spread: Spread, measured: Measured, label: str, efficiency: fl
     standard update ``v ← (1 − w)(v + w(x − μ)²)``, and into ``Σ wᵢ²`` of the weights its
     average gives the samples (``s ← (1 − w)² s + w²``; the first sample's weight is 1), so that
     :func:`standard_error` is right from the second sample on. A label's first report: (0, 1)."""
-    efficiency = min(1.0, max(0.0, efficiency))
+    efficiency = as_efficiency(efficiency)
     previous_mean = dict(measured).get(label)
     variance, weights = next(((v, s) for k, v, s in spread if k == label), (0.0, 0.0))
     if previous_mean is None:

@@ -9,7 +9,6 @@ an active link probe is due, within the job's probe budget. Used by the built-in
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import uuid
@@ -20,9 +19,9 @@ import torch
 from compressors import GradientSync
 from planning import registry
 from planning.config import TrainConfig
-from planning.controller import policy_config, step_profile
+from planning.controller import policy_config, policy_measurements, step_profile
 from planning.costmodel import StepProfile, build_bucket_layout
-from planning.policy import Measurements, estimates_can_matter
+from planning.policy import estimates_can_matter
 from planning.protocol import Decision, ModelProfile, Telemetry
 from workers.calibration import calibrate_codecs
 from workers.control import DecisionSource, TelemetrySink
@@ -68,6 +67,7 @@ class Reporter:
         #: the estimates' gate).
         self.model_profile: ModelProfile | None = None
         self._cost_profile: StepProfile | None = None
+        self._last_report: Telemetry | None = None
 
     def link(self, estimate: LinkEstimate) -> None:
         self.estimate = estimate
@@ -117,7 +117,7 @@ class Reporter:
         last = self.sync.last_step()
         if self.env.rank != 0:
             return
-        self.quality.after_step(lambda: self._estimates_can_matter(timer))
+        self.quality.after_step(self._estimates_can_matter)
         if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
             kind = registry.codec(self.sync.compressor.name).collective
             self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
@@ -127,7 +127,7 @@ class Reporter:
         if now < self.next_report and (self.total_steps is None or step + 1 < self.total_steps):
             return
         self.next_report = now + self.cfg.probing.report_interval_s
-        telemetry = self._telemetry(step, loss, timer, model)
+        telemetry = self._last_report = self._telemetry(step, loss, timer, model)
         self.source.observe(telemetry)
         for sink in self.sinks:
             sink.send(telemetry)
@@ -171,23 +171,18 @@ class Reporter:
             resumed_from_step=self.resumed_from_step,
         )
 
-    def _estimates_can_matter(self, timer: StepTimer) -> bool:
-        """Whether a due estimate of the candidates could change the policy's choice at the
-        link measured now (``planning.policy.estimates_can_matter``), with the compute jitter
-        the policy's profile gets too; True while the model profile or the link is not known
-        yet (the first estimate is made as before)."""
-        bandwidth, latency = self.bandwidth()
-        if self.model_profile is None or bandwidth is None:
+    def _estimates_can_matter(self) -> bool:
+        """Whether a due estimate of the candidates could change the policy's choice
+        (``planning.policy.estimates_can_matter``), judged on rank 0's latest report through
+        the builder of the policy's own inputs (``planning.controller.policy_measurements``:
+        the report's link, wake-up cost and compute jitter); True while the model profile or
+        the link is not known yet (the first estimate is made as before)."""
+        if self.model_profile is None or self._last_report is None:
             return True
         if self._cost_profile is None:
             self._cost_profile = step_profile(self.model_profile, self.quality.candidates)
-        profile = self._cost_profile
-        jitter = timer.compute_jitter_s()
-        if jitter is not None:
-            profile = dataclasses.replace(profile, compute_jitter_s=jitter)
-        m = Measurements(bandwidth, latency or 0.0, self.env.world_size, profile,
-                         self.sync.compressor.spec, wake_s=self.estimate.wake_s)
-        return estimates_can_matter(m, policy_config(self.cfg.compression))
+        m = policy_measurements(self._last_report, self._cost_profile, self.sync.compressor.spec)
+        return m is None or estimates_can_matter(m, policy_config(self.cfg.compression))
 
     def _profile(self, model: torch.nn.Module, means: dict[str, float]) -> ModelProfile:
         shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
