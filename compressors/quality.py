@@ -94,6 +94,13 @@ class ErrorMeter:
     encodes it; ``step_done`` once the step's last bucket completed (no bucket of the next
     step can start before). ``last`` is the latest step's ε; ``seconds`` the time spent here,
     so the overhead can be reported.
+
+    What :func:`group_error` reads is the latest *cycle* of measured steps: the compressor's
+    ``Codec.cycle_steps`` consecutive steps of one label, pooled. Why: ACP-SGD alternates
+    P- and Q-steps, which lose different parts of the gradient (on the MLP at rank 64 one
+    step's η alternated near 0.3 and 0.75), so an exchange every ``sync_every`` steps read
+    one half or the other by the parity of the step, and the policy judged rank 64 by
+    whichever came first.
     """
 
     def __init__(self, sample_elements: int = 1_000_000, *, total_elements: int | None = None,
@@ -105,17 +112,17 @@ class ErrorMeter:
         #: The group's update efficiency η (:func:`group_error`) of that step.
         self.group_efficiency: float | None = None
         self.group_label: str | None = None
-        self._sample_label: str | None = None
         #: Elements of all trained parameters (``GradientSync.trained_elements``): spreads the
         #: sampled coordinates over the tensors; None spreads ``coordinates`` over each tensor.
         self.total_elements = total_elements
         self.coordinates = coordinates
-        #: The latest measured step's ``[x at the coordinates, x − C(x) at them, g at them]``
-        #: (float64), None after a warm-up or undone step.
-        self.coordinate_sample: torch.Tensor | None = None
+        #: The latest measured steps of one label, at most its cycle, oldest first (emptied by
+        #: a warm-up step); :attr:`coordinate_sample` and :attr:`cycle_error` pool them.
+        self._cycle: list[_MeasuredStep] = []
         self._indices: dict[tuple[str, int], torch.Tensor] = {}
-        #: Steps to run unmeasured before the next measured one (:meth:`skip`).
-        self._skip_steps = 0
+        #: Steps until the next exchange reads the meter (:meth:`measure_before`); None:
+        #: measure every step.
+        self._until_exchange: int | None = None
         self.seconds = 0.0
         self.steps = 0
         #: After :meth:`request_sample`, the next step keeps copies of its gradient matrices
@@ -137,7 +144,8 @@ class ErrorMeter:
             cast = compressor.dtype if isinstance(compressor, CastAllReduce) else None
             sums = self._sums
             sums.warm = sums.warm or warm
-            sums.measured = not self._skip_steps  # else only a requested sample is taken
+            # Only the last cycle before an exchange is measured; else only a requested sample is taken.
+            sums.measured = self._until_exchange is None or self._until_exchange <= cycle_steps(compressor)
             for slot in slots:
                 if self._sampling and slot.grad.dim() >= 2:
                     kept = torch.float32 if slot.grad.dtype in _HALF else slot.grad.dtype  # svdvals needs it
@@ -176,9 +184,10 @@ class ErrorMeter:
                     lost += [torch.dot(residuals[k].reshape(-1), residuals[k].reshape(-1)) for k in sums.keys if k in residuals]
                 total = float(torch.stack(sums.total_sq).double().sum()) if sums.total_sq else 0.0
                 lost_sq = float(torch.stack(lost).double().sum()) if lost else 0.0
-                self.coordinate_sample = None if sums.warm else self._gather_coordinates(sums, compressor)
-            self._sample_label = compressor.label
+                sample = None if sums.warm else self._gather_coordinates(sums, compressor)
             self.last = None if sums.warm else _ratio(lost_sq, total)
+            self._extend_cycle(_MeasuredStep(compressor.label, cycle_steps(compressor), sample, lost_sq, total),
+                               sums.warm)
         self._count_down()
         if self._pending_sample:
             ordered = sorted(self._pending_sample, key=lambda t: t.numel(), reverse=True)
@@ -194,15 +203,58 @@ class ErrorMeter:
 
     def discard_step(self) -> None:
         """Forget a step that was undone (non-finite on some rank): it measured nothing, and a
-        requested sample is taken from the next step instead."""
+        requested sample is taken from the next step instead. The measured steps before it
+        stay: an undone step leaves the compressor's state (ACP-SGD's turn) as it was."""
         self._sums, self._pending_sample = _StepSums(), []
         self.last = None
-        self.coordinate_sample = None
         self._count_down()
 
+    def _extend_cycle(self, measured: _MeasuredStep, warm: bool) -> None:
+        """Keep ``measured`` with the steps of its label before it, at most its cycle."""
+        if warm:
+            self._cycle = []
+            return
+        kept = [m for m in self._cycle if m.label == measured.label] + [measured]
+        self._cycle = kept[-measured.cycle:]
+
     def _count_down(self) -> None:
-        if self._skip_steps:
-            self._skip_steps -= 1
+        if self._until_exchange:
+            self._until_exchange -= 1
+
+    @property
+    def _complete_cycle(self) -> list[_MeasuredStep] | None:
+        """The latest measured cycle when it is whole (``cycle`` steps of one label)."""
+        cycle = self._cycle
+        return cycle if cycle and len(cycle) == cycle[-1].cycle else None
+
+    @property
+    def cycle_label(self) -> str | None:
+        """The label of the compressor that ran the latest measured cycle."""
+        return self._cycle[-1].label if self._cycle else None
+
+    @property
+    def cycle_length(self) -> int:
+        """Steps in a whole cycle of the latest measured label (1 before any is measured)."""
+        return self._cycle[-1].cycle if self._cycle else 1
+
+    @property
+    def cycle_error(self) -> float | None:
+        """This rank's ε pooled over the latest whole cycle, ``sqrt(Σ‖x − C(x)‖² / Σ‖x‖²)``."""
+        cycle = self._complete_cycle
+        if cycle is None:
+            return None
+        return _ratio(math.fsum(m.lost_sq for m in cycle), math.fsum(m.total_sq for m in cycle))
+
+    @property
+    def coordinate_sample(self) -> torch.Tensor | None:
+        """``[x…, x − C(x)…, g…]`` at the coordinates (float64) over the latest whole cycle,
+        each part the cycle's steps in order, so ratios of its parts pool the cycle; None
+        when no whole cycle has been measured since the last warm-up step."""
+        cycle = self._complete_cycle
+        if cycle is None or any(m.sample is None for m in cycle):
+            return None
+        parts = [m.sample.chunk(3) for m in cycle if m.sample is not None]
+        return torch.cat([torch.cat(part) for part in zip(*parts)])
 
     def _keep_coordinates(self, key: str, grad: torch.Tensor, residual: torch.Tensor | None,
                           lost: torch.Tensor | None, lost_in_residual: bool) -> None:
@@ -216,11 +268,12 @@ class ErrorMeter:
         lost_at = None if lost_in_residual else (lost[where].double() if lost is not None else torch.zeros_like(x_at))
         self._sums.at_coordinates[key] = (where, x_at, lost_at, g_at)
 
-    def skip(self, steps: int) -> None:
-        """Measure only after ``steps`` more steps (then every step until called again): the
-        exchange every ``sync_every`` steps reads only the step just before it, so the others
-        need not pay for the meter (a requested gradient sample is still taken)."""
-        self._skip_steps = max(0, steps)
+    def measure_before(self, steps: int) -> None:
+        """The next exchange reads the meter after ``steps`` more steps: measure only the
+        last cycle of them (then every step until called again). The exchange every
+        ``sync_every`` steps reads only that cycle, so the other steps need not pay for the
+        meter (a requested gradient sample is still taken)."""
+        self._until_exchange = max(0, steps)
 
     def coordinate_count(self) -> int:
         """Coordinates drawn so far over all tensors (a sample holds three times as many values: x, x − C(x) and g)."""
@@ -264,6 +317,22 @@ class ErrorMeter:
         return sample
 
 
+def cycle_steps(compressor: Compressor) -> int:
+    """Steps of ``compressor``'s cycle (``planning.codec.Codec.cycle_steps``)."""
+    return registry.codec(compressor.name).cycle_steps
+
+
+@dataclass(frozen=True)
+class _MeasuredStep:
+    """One measured step of :class:`ErrorMeter`: what its cycle pools."""
+
+    label: str
+    cycle: int  # steps in its compressor's cycle
+    sample: torch.Tensor | None  # [x, x − C(x), g] at the coordinates (None: no tensor sampled)
+    lost_sq: float
+    total_sq: float
+
+
 def update_efficiency(x: torch.Tensor, lost: torch.Tensor, grad: torch.Tensor) -> float | None:
     """``η = ⟨x − lost, g⟩ / ‖g‖²`` clamped to [0, 1]: the share of an uncompressed step's
     first-order loss decrease that the applied update ``x − lost`` makes (1 for ``none``;
@@ -277,23 +346,23 @@ def update_efficiency(x: torch.Tensor, lost: torch.Tensor, grad: torch.Tensor) -
 
 def group_error(meter: ErrorMeter, group: dist.ProcessGroup | None = None) -> float | None:
     """Collective (every rank of ``group``, between steps): the group's relative error
-    ``‖ē‖ / ‖x̄‖`` of the latest measured step, estimated at the meter's coordinates, also
-    kept as ``meter.group_last``; the group's :func:`update_efficiency` of that step goes to
-    ``meter.group_efficiency``. On one rank the error is the rank's own ``meter.last``. None
-    when some rank has no measured step (a warm-up or undone step: they happen on all ranks
-    alike).
+    ``‖ē‖ / ‖x̄‖`` of the latest measured cycle (``ErrorMeter``: one step, or ACP-SGD's P- and
+    Q-step pooled), estimated at the meter's coordinates, also kept as ``meter.group_last``;
+    the group's :func:`update_efficiency` of that cycle goes to ``meter.group_efficiency``.
+    On one rank the error is the rank's own pooled ``meter.cycle_error``. None when some rank
+    has no whole measured cycle (after a warm-up step: they happen on all ranks alike).
     """
-    meter.group_label = meter._sample_label
+    meter.group_label = meter.cycle_label
     sample = meter.coordinate_sample
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
-        meter.group_last = meter.last
+        meter.group_last = meter.cycle_error
         meter.group_efficiency = None if sample is None else update_efficiency(*sample.chunk(3))
-        return meter.last
+        return meter.group_last
     # One all-reduce of [ranks with a sample, Σ x at the coordinates, Σ (x − C(x)) there,
     # Σ g there]: its length comes from the coordinates every rank has drawn (the same keys
-    # on every rank), so it matches across ranks even where one had no sample, which the
-    # count then shows.
-    length = 3 * meter.coordinate_count()
+    # on every rank) and the cycle (the same compressor on every rank), so it matches across
+    # ranks even where one had no sample, which the count then shows.
+    length = 3 * meter.coordinate_count() * meter.cycle_length
     have = sample is not None and sample.numel() == length
     summed = torch.zeros(1 + length, dtype=torch.float64)
     summed[0] = 1.0 if have else 0.0

@@ -177,6 +177,9 @@ class Codec:
     family: str | None = None
     #: Compresses every tensor, whatever its size (the casts): never "compresses nothing".
     compresses_everything: bool = False
+    #: Steps after which what it does repeats (ACP-SGD alternates P- and Q-steps: 2). Its
+    #: quality is measured over that many consecutive steps: one step sees one half only.
+    cycle_steps: int = 1
 
     def __repr__(self) -> str:
         return f"<codec {self.name}>"

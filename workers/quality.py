@@ -12,7 +12,7 @@ largest on a CPU core); at a fixed step interval that would be a fixed share of 
 and nothing of a slow one. Like the probe (``workers.probe_scheduler.ProbeScheduler``), it runs at most
 every ``probe_interval_s`` and only while its total cost stays within ``budget`` of the run
 time; half the job's probe budget is the default. And only when it could matter: the caller
-passes a gate (``planning.policy.estimates_can_matter``: on a fast link with ``none`` running no
+passes a gate (``planning.estimate_gate.estimates_can_matter``: on a fast link with ``none`` running no
 estimate could make the policy switch), and a due estimate that cannot matter is deferred one
 interval at no cost.
 """
@@ -81,21 +81,21 @@ class QualitySignal:
 
     def exchange(self, group: dist.ProcessGroup | None = None) -> None:
         """Collective, every rank at the same step between steps (the decision exchange): the
-        group's error and update efficiency of the latest measured step
+        group's error and update efficiency of the latest measured cycle of steps
         (``compressors.quality.group_error``)."""
         started = time.perf_counter()
         group_error(self.meter, group)
-        self.meter.skip(self.sync_every - 1)  # the next exchange reads only the last step before it
+        self.meter.measure_before(self.sync_every)  # the next exchange reads only the last cycle before it
         self.exchange_s += time.perf_counter() - started
 
     def running_error(self, label: str) -> float | None:
-        """The group's error from the latest exchange if compressor ``label`` ran the step it
+        """The group's error from the latest exchange if compressor ``label`` ran the steps it
         measured (else None: a switch followed the exchange)."""
         return self.meter.group_last if self.meter.group_label == label else None
 
     def running_efficiency(self, label: str) -> float | None:
         """The group's update efficiency η from the latest exchange if compressor ``label``
-        ran the step it measured (``compressors.quality.update_efficiency``)."""
+        ran the steps it measured (``compressors.quality.update_efficiency``)."""
         return self.meter.group_efficiency if self.meter.group_label == label else None
 
     def overhead(self) -> dict[str, float]:

@@ -4,6 +4,9 @@ different data, against its definition ‖ē‖ / ‖x̄‖ computed from every 
 Why it matters: with shared low-rank factors a rank's residual ``e_i = x_i − C(x̄)`` keeps how
 its gradient differs from the mean, so a rank's own ratio drifts towards 1 whatever the rank;
 the mean's ratio is what training applies.
+
+ACP-SGD's figures are pooled over its cycle, a P-step and the Q-step after it
+(``planning.codec.Codec.cycle_steps``): the reference pools the same two steps.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from harness import run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compressors import GradientSync, build
-from compressors.quality import ErrorMeter, group_error
+from compressors.quality import ErrorMeter, cycle_steps, group_error
 
 STEPS = 8
 CHOICES = {"none": ("none", {}), "powersgd-r2": ("powersgd", {"rank": 2}), "acpsgd-r2": ("acpsgd", {"rank": 2}),
@@ -30,9 +33,11 @@ def _flat(tensors: dict[str, torch.Tensor], shapes: dict[str, torch.Size]) -> to
                       for k in sorted(shapes)])
 
 
-def _errors(rank: int, world: int, name: str, params: dict) -> list[tuple[float | None, float, float | None, float | None, float]]:
+def _errors(rank: int, world: int, name: str, params: dict) -> list[tuple[float | None, float | None, float | None, float | None, float | None]]:
     """Per step: (group_error, ‖ē‖/‖x̄‖ from the full tensors, this rank's own ratio, the
-    group's update efficiency, ⟨x̄ − ē, ḡ⟩/‖ḡ‖² from the full tensors)."""
+    group's update efficiency, ⟨x̄ − ē, ḡ⟩/‖ḡ‖² from the full tensors); both references
+    pooled over the compressor's cycle of steps ending with this one (None before a whole
+    cycle ran)."""
     torch.manual_seed(0)  # the same initial model on every rank
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     local = copy.deepcopy(model)  # this rank's own gradient g_i, outside DDP
@@ -41,7 +46,7 @@ def _errors(rank: int, world: int, name: str, params: dict) -> list[tuple[float 
     sync.error_meter = meter = ErrorMeter(total_elements=sync.trained_elements, coordinates=200_000)
     shapes = {key: p.shape for key, p in model.named_parameters()}
     gen = torch.Generator().manual_seed(100 + rank)  # different data on every rank
-    out = []
+    out, sums_by_step = [], []
     for _ in range(STEPS):
         inputs, targets = torch.randn(16, 32, generator=gen), torch.randint(0, 10, (16,), generator=gen)
         before = sync.compressor.residuals() if hasattr(sync.compressor, "residuals") else {}
@@ -58,7 +63,12 @@ def _errors(rank: int, world: int, name: str, params: dict) -> list[tuple[float 
         measured = group_error(meter)
         sums = torch.cat([x, e_new, g])
         dist.all_reduce(sums)
-        x_sum, e_sum, g_sum = sums.chunk(3)
+        sums_by_step.append(sums.chunk(3))
+        cycle = cycle_steps(sync.compressor)
+        if len(sums_by_step) < cycle:
+            out.append((measured, None, own, meter.group_efficiency, None))
+            continue
+        x_sum, e_sum, g_sum = (torch.cat(part) for part in zip(*sums_by_step[-cycle:]))
         efficiency = float((x_sum - e_sum) @ g_sum / (g_sum @ g_sum))
         out.append((measured, float(e_sum.norm() / x_sum.norm()), own, meter.group_efficiency, efficiency))
     return out
@@ -70,8 +80,11 @@ def test_the_group_error_is_the_mean_residual_over_the_mean_input(label):
     ranks = run_ranks(_errors, 2, name, params)
     assert [r[0] for r in ranks[0]] == [r[0] for r in ranks[1]]  # one figure for the group
     assert [r[3] for r in ranks[0]] == [r[3] for r in ranks[1]]
+    if label.startswith("acpsgd"):  # a whole cycle is two steps: nothing to read after the first
+        assert ranks[0][0][0] is None and ranks[0][0][3] is None and ranks[0][0][1] is None
+        ranks = [steps[1:] for steps in ranks]
     for measured, exact, _own, efficiency, exact_efficiency in ranks[0]:
-        assert measured is not None and efficiency is not None
+        assert measured is not None and efficiency is not None and exact is not None and exact_efficiency is not None
         # Each tensor's coordinates are drawn with replacement (capped at its size here): η's
         # cross terms cancel, so its sampled figure scatters more than ε's (±0.08 seen).
         assert efficiency == pytest.approx(min(1.0, max(0.0, exact_efficiency)), abs=0.1)

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compressors import GradientSync, build
 from compressors.base import GradSlot, run_in_lockstep
-from compressors.quality import ErrorMeter, estimate_errors
+from compressors.quality import ErrorMeter, estimate_errors, group_error, update_efficiency
 from planning.costmodel import candidates
 from planning.spec import make_spec
 
@@ -246,7 +246,7 @@ def test_a_lossy_candidate_the_sample_cannot_resolve_gets_the_nearest_smaller_ra
 def test_after_an_exchange_the_meter_measures_only_the_step_the_next_one_reads():
     compressor, meter = build("powersgd", rank=2), ErrorMeter(total_elements=sum(math.prod(s) for s in SHAPES.values()))
     kept, errors = [], []
-    meter.skip(2)  # as after an exchange with sync_every = 3
+    meter.measure_before(3)  # as after an exchange with sync_every = 3
     for step in range(4):
         if step == 1:
             meter.request_sample()  # a requested gradient sample is taken on a skipped step too
@@ -276,3 +276,72 @@ def test_the_quality_signal_benchmark_measures_each_figure_by_its_definition():
     assert math.isfinite(none["held_out_loss"]) and math.isfinite(lossy["held_out_loss"])
     table = markdown({"choices": {"none": none, "powersgd-r1": lossy}})
     assert "| powersgd-r1 |" in table and "| none |" in table
+
+
+def _exact_step(compressor, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x = g + e_old, x − C(x), g) of step ``step`` on one rank, from the full tensors."""
+    buffer, slots = _bucket(step)
+    g = buffer.clone().double()
+    residuals = compressor.residuals()
+    x = g.clone()
+    for slot in slots:
+        if slot.key in residuals:
+            x[slot.offset:slot.offset + slot.grad.numel()] += residuals[slot.key].reshape(-1).double()
+    run_in_lockstep([compressor.process(buffer, slots, 1)])
+    compressor.end_step()
+    return x, x - buffer.double(), g
+
+
+def test_acpsgd_is_measured_over_a_p_step_and_the_q_step_after_it_pooled():
+    """ACP-SGD's P- and Q-steps lose different parts of the gradient: an exchange every odd
+    number of steps would read one or the other by parity. The meter measures the last two
+    steps before the exchange and pools them: ε = sqrt(Σ‖x − C(x)‖² / Σ‖x‖²) and
+    η = Σ⟨x − (x − C(x)), g⟩ / Σ‖g‖² over the pair: ε on the full tensors, η at the meter's
+    own coordinates (what the group's exchange sums)."""
+    compressor = build("acpsgd", rank=2)
+    meter = ErrorMeter(total_elements=sum(math.prod(s) for s in SHAPES.values()))
+    reference = build("acpsgd", rank=2)
+    exact = []
+    meter.measure_before(3)  # as after an exchange with sync_every = 3: steps 1 and 2 are read
+    for step in range(3):
+        reference.load_state_dict(compressor.state_dict())
+        exact.append(_exact_step(reference, step))
+        _metered_step(meter, compressor, step)
+        if step < 2:
+            assert meter.cycle_error is None and meter.coordinate_sample is None  # no whole cycle yet
+    x, lost, g = (torch.cat(part) for part in zip(*exact[1:]))
+    pooled_error = float(lost.norm() / x.norm())
+    per_step_error = [float(s[1].norm() / s[0].norm()) for s in exact[1:]]
+    assert meter.cycle_error == pytest.approx(pooled_error, rel=1e-4)
+    assert meter.last == pytest.approx(per_step_error[1], rel=1e-4)  # the step's own figure stays
+    assert group_error(meter) == pytest.approx(pooled_error, rel=1e-4)
+    assert meter.group_label == "acpsgd-r2"
+    _, slots = _bucket(0)
+    offsets = {slot.key: slot.offset for slot in slots}
+    at = {key: offsets[key] + meter._coordinates(key, math.prod(SHAPES[key])) for key in sorted(SHAPES)}
+    x_at, lost_at, g_at = (torch.cat([step[part][at[key]] for step in exact[1:] for key in sorted(SHAPES)])
+                           for part in range(3))
+    pooled_efficiency = update_efficiency(x_at, lost_at, g_at)
+    assert meter.group_efficiency == pytest.approx(pooled_efficiency, rel=1e-6)  # fp32 gradients
+    singles = [update_efficiency(*(torch.cat([step[part][at[key]] for key in sorted(SHAPES)]) for part in range(3)))
+               for step in exact[1:]]
+    assert all(abs(single - pooled_efficiency) > 1e-3 for single in singles)  # neither step alone
+    assert meter.coordinate_sample is not None
+    assert meter.coordinate_sample.numel() == 2 * 3 * meter.coordinate_count()
+    # PowerSGD repeats every step: one step is its whole cycle
+    single = ErrorMeter()
+    _metered_step(single, build("powersgd", rank=2), 0)
+    assert single.cycle_error == single.last and single.cycle_length == 1
+
+
+def test_a_switch_or_a_warm_up_step_starts_the_cycle_afresh():
+    meter = ErrorMeter()
+    acp = build("acpsgd", rank=2)
+    _metered_step(meter, build("powersgd", rank=2), 0)
+    _metered_step(meter, acp, 1)  # a switch: the PowerSGD step is not half of ACP-SGD's cycle
+    assert meter.cycle_label == "acpsgd-r2" and meter.cycle_error is None
+    _metered_step(meter, acp, 2)
+    assert meter.cycle_error is not None
+    warm = build("acpsgd", rank=2, warmup_steps=1)
+    _metered_step(meter, warm, 3)  # a warm-up step compresses nothing: no cycle to read
+    assert meter.cycle_error is None and meter.cycle_label is None
