@@ -173,7 +173,7 @@ class Replay:
             gbit = rate_at(self.trace, t)
             if cfg is not None and t >= next_report:
                 m = Measurements(gbit * 1e9 / 8, 2 * (self.workers - 1) * ALPHA_S, self.workers, self.profile, current,
-                                 step=steps, errors=self.errors,
+                                 step=steps, errors=self.errors, running=current.label if steps else None,
                                  running_efficiency=(current.label, contraction(self.running[current.label])) if steps else None)
                 decision, state = decide(state, m, cfg, t)
                 if isinstance(decision, Switch):

@@ -83,24 +83,31 @@ def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | N
         grad_norm=telemetry.grad_norm,
         step=telemetry.step,
         errors=dict(telemetry.compression_error_estimates) or None,
+        running=_running_label(telemetry),
         running_efficiency=_running_efficiency(telemetry),
     )
+
+
+def _running_label(telemetry: Telemetry) -> str | None:
+    """The label of the compressor that ran the reported step (None: the report names none)."""
+    if not telemetry.compressor:
+        return None
+    params = {k: v for k, v in (("rank", telemetry.compressor_rank), ("ratio", telemetry.ratio)) if v is not None}
+    return make_spec(telemetry.compressor, **params).label
 
 
 def _running_efficiency(telemetry: Telemetry) -> tuple[str, float] | None:
     """(label, δ) of the compressor that ran the reported step: its measured update efficiency
     η, or, from a worker that reports none, ``1 − ε²`` of its relative compression error
     (``planning.progress.contraction``); None if the report has neither."""
-    if not telemetry.compressor:
+    label = _running_label(telemetry)
+    if label is None:
         return None
     if telemetry.update_efficiency is not None:
-        efficiency = telemetry.update_efficiency
-    elif telemetry.compression_error is not None:
-        efficiency = contraction(telemetry.compression_error)
-    else:
-        return None
-    params = {k: v for k, v in (("rank", telemetry.compressor_rank), ("ratio", telemetry.ratio)) if v is not None}
-    return make_spec(telemetry.compressor, **params).label, efficiency
+        return label, telemetry.update_efficiency
+    if telemetry.compression_error is not None:
+        return label, contraction(telemetry.compression_error)
+    return None
 
 
 def _fresh_state(current: Decision) -> PolicyState:

@@ -35,8 +35,10 @@ Algorithm of :func:`decide`:
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
    Otherwise switch only when the predicted gain ``(τ_current − τ_best) / τ_current`` (the
    share of time to accuracy saved) exceeds ``gain_threshold`` and at least ``min_dwell_s``
-   passed since the last switch. ``τ_current`` gives the running choice the benefit of the
-   doubt: its averaged efficiency plus one standard error of its noisy samples.
+   passed since the last switch took effect (the first report of a step it ran; on a slow
+   link the workers apply a decision several seconds after it is made). ``τ_current`` gives
+   the running choice the benefit of the doubt: its averaged efficiency plus one standard
+   error of its noisy samples.
 """
 
 from __future__ import annotations
@@ -148,6 +150,9 @@ class Measurements:
     #: efficiency η (``compressors.quality.update_efficiency``), else ``1 − ε²`` of its
     #: relative error (``planning.progress.contraction``).
     running_efficiency: tuple[str, float] | None = None
+    #: The label of the compressor that ran the reported step (None: not reported). It
+    #: differs from ``current`` between a switch and the step the workers apply it at.
+    running: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,8 @@ class PolicyState:
     last_grad_norm: float | None = None
     critical_until: float | None = None
     last_switch_at: float | None = None
+    #: The label switched to, until a report shows a step it ran: the dwell restarts then.
+    awaiting: str | None = None
     switches: int = 0
     #: Averaged running efficiency of every label that has run (``planning.progress``).
     measured: Measured = ()
@@ -276,7 +283,7 @@ def _same_choice(a: CompressorSpec, b: CompressorSpec) -> bool:
     return (a.name, a.rank, a.ratio) == (b.name, b.rank, b.ratio)
 
 
-def _adopt(candidate: CompressorSpec, current: CompressorSpec) -> CompressorSpec:
+def adopt_settings(candidate: CompressorSpec, current: CompressorSpec) -> CompressorSpec:
     """The candidate with the current spec's common settings (the policy changes only the
     compressor and its rank or ratio)."""
     return dataclasses.replace(
@@ -335,7 +342,7 @@ def _best(options: Iterable[CompressorSpec], m: Measurements, link: Link) -> _Sc
     return min(judged, key=lambda s: s.tau) if judged else None
 
 
-def _alpha(all_reduce_latency_s: float, world_size: int) -> float:
+def alpha_of(all_reduce_latency_s: float, world_size: int) -> float:
     """α from a zero-byte all-reduce's time ``2(N−1)·α`` (ring model; no link for N = 1)."""
     return all_reduce_latency_s / (2 * (world_size - 1)) if world_size > 1 else 0.0
 
@@ -345,16 +352,17 @@ def decide(
 ) -> tuple[Verdict, PolicyState]:
     """Keep the current compressor or switch; returns the verdict and the next state."""
     state = _smooth_link(state, m, cfg, now)
+    state = _switch_took_effect(state, m, now)
     critical_why, state = _critical_regime(state, m, cfg, now)
     if m.running_efficiency is not None:
         state = dataclasses.replace(state, spread=record_spread(state.spread, state.measured, *m.running_efficiency),
                                     measured=record_running(state.measured, *m.running_efficiency))
     m = dataclasses.replace(m, errors=calibrated_errors(m.errors, state.measured))
     assert state.bandwidth_ewma is not None and state.latency_ewma is not None
-    link = alpha_beta_from_bandwidth(state.bandwidth_ewma, _alpha(state.latency_ewma, m.world_size))._replace(
+    link = alpha_beta_from_bandwidth(state.bandwidth_ewma, alpha_of(state.latency_ewma, m.world_size))._replace(
         wake_s=m.wake_s)
 
-    pool = [_adopt(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
+    pool = [adopt_settings(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)
     passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
     current = _score(m.current, _doubt_in_favour(m, state), link)
@@ -386,6 +394,19 @@ def decide(
         return Keep(f"{comparison}; last switch {waited:.0f} s ago (min dwell {cfg.min_dwell_s:.0f} s)",
                     current.step.step_s), state
     return _switch(best.spec, current, best, comparison, state, now)
+
+
+def _switch_took_effect(state: PolicyState, m: Measurements, now: float) -> PolicyState:
+    """The dwell counts from the first report of a step the new choice ran.
+
+    Why: the workers apply a decision at a later step, and on a slow link that is seconds
+    later (fp16 steps of 0.75 s on the MLP at 20 Mbit/s: ten steps, 7.5 s, more than the
+    cluster scenario's 5 s dwell). Counted from the decision, the dwell had passed before the
+    new choice ran at all, and its first noisy efficiency sample alone could switch back.
+    """
+    if state.awaiting is not None and m.running == state.awaiting:
+        return dataclasses.replace(state, last_switch_at=now, awaiting=None)
+    return state
 
 
 def _doubt_in_favour(m: Measurements, state: PolicyState) -> Measurements:
@@ -424,42 +445,4 @@ def _switch(
 ) -> tuple[Switch, PolicyState]:
     decision = Switch(spec=spec, gain=_gain(current, best), current_step_s=current.step.step_s,
                       new_step_s=best.step.step_s, reason=reason)
-    return decision, dataclasses.replace(state, last_switch_at=now, switches=state.switches + 1)
-
-
-# --------------------------------------------------------------------------------------------
-# When an estimate is worth its cost
-# --------------------------------------------------------------------------------------------
-
-
-def estimates_can_matter(m: Measurements, cfg: PolicyConfig) -> bool:
-    """Whether any candidate whose error must be estimated could win :func:`decide` now.
-
-    Why: estimating the candidates' errors (``compressors.quality.estimate_errors``) costs an
-    SVD per sampled matrix, 1.6 % of the CNN's steady-fast run, and on a fast link it buys
-    nothing. A candidate's time per progress is at least its predicted step time (δ ≤ 1), so
-    while the current choice's error is known (``none`` and the casts: ``Codec.known_error``)
-    and no estimated candidate's step is predicted faster than the current time per progress
-    by more than ``gain_threshold``, no estimate, however small, could make the policy switch
-    to it at this link. Judged at the link of rank 0's latest report (not the policy's
-    smoothed one: a drop opens the gate at once; while a recovery is still being confirmed the
-    policy may decide on the estimates it already has) and with the ordinary quality guard (a
-    superset of the critical one). True for a current choice that is itself lossy (judged
-    against estimates) or that fails the guard (``decide`` leaves it at once for the best that
-    passes, and needs the estimates to judge them).
-    """
-    known = registry.codec(m.current.name).known_error
-    if known is None or guard_failure(m.current, cfg, False) is not None:
-        return True  # judged against estimates, or leaving at once for the best that passes
-    if m.world_size < 2 or not math.isfinite(m.bandwidth_bytes_per_second):
-        return False  # no collective has a peer: compressing only adds work
-    link = alpha_beta_from_bandwidth(m.bandwidth_bytes_per_second, _alpha(m.latency_s, m.world_size))._replace(
-        wake_s=m.wake_s)
-    current_tau = seconds_per_progress(predict_step(m.current, m.profile, m.world_size, link).step_s, known)
-    for spec in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios):
-        if registry.codec(spec.name).known_error is not None or guard_failure(spec, cfg, False) is not None:
-            continue
-        step_s = predict_step(_adopt(spec, m.current), m.profile, m.world_size, link).step_s
-        if (current_tau - step_s) / current_tau > cfg.gain_threshold:
-            return True
-    return False
+    return decision, dataclasses.replace(state, last_switch_at=now, awaiting=spec.label, switches=state.switches + 1)

@@ -21,7 +21,7 @@ from planning import registry
 from planning.config import TrainConfig
 from planning.controller import policy_config, policy_measurements, step_profile
 from planning.costmodel import StepProfile, build_bucket_layout
-from planning.policy import estimates_can_matter
+from planning.estimate_gate import estimates_can_matter
 from planning.protocol import Decision, ModelProfile, Telemetry
 from workers.calibration import calibrate_codecs
 from workers.control import DecisionSource, TelemetrySink
@@ -173,7 +173,7 @@ class Reporter:
 
     def _estimates_can_matter(self) -> bool:
         """Whether a due estimate of the candidates could change the policy's choice
-        (``planning.policy.estimates_can_matter``), judged on rank 0's latest report through
+        (``planning.estimate_gate.estimates_can_matter``), judged on rank 0's latest report through
         the builder of the policy's own inputs (``planning.controller.policy_measurements``:
         the report's link, wake-up cost and compute jitter); True while the model profile or
         the link is not known yet (the first estimate is made as before)."""

@@ -146,6 +146,28 @@ def test_min_dwell_is_respected():
     assert state.last_switch_at == 30.0 and state.switches == 1
 
 
+def test_the_dwell_counts_from_the_first_report_of_a_step_the_new_choice_ran():
+    """On a slow link the workers apply a decision steps later; the dwell must not pass
+    before the new choice has run, or its first noisy sample alone could switch back."""
+    state = slow_link_state(last_switch_at=None)
+    decision, state = decide(state, measure(MBIT50, make_spec("none")), CFG, 0.0)
+    assert isinstance(decision, Switch) and state.awaiting == decision.spec.label
+    new = decision.spec
+    # 40 s later (past the 30 s dwell) the workers still run none: it has not taken effect
+    late = dataclasses.replace(measure(MBIT50, new), running="none")
+    _, state = decide(state, late, CFG, 40.0)
+    assert state.last_switch_at == 0.0 and state.awaiting == new.label
+    # the first report of a step it ran: the dwell starts now
+    _, state = decide(state, dataclasses.replace(measure(MBIT50, new), running=new.label), CFG, 45.0)
+    assert state.last_switch_at == 45.0 and state.awaiting is None
+    # a link that makes none faster again must wait out the dwell from there
+    fast_state, fast = dataclasses.replace(state, bandwidth_ewma=1e10), dataclasses.replace(measure(1e10, new), running=new.label)
+    decision, _ = decide(fast_state, fast, CFG, 60.0)
+    assert isinstance(decision, Keep) and "min dwell" in decision.reason
+    decision, _ = decide(fast_state, fast, CFG, 75.0)
+    assert isinstance(decision, Switch) and decision.spec.name == "none"
+
+
 def test_gain_threshold_is_respected():
     current = make_spec("acpsgd", rank=4)
     first, _ = decide(slow_link_state(None), measure(MBIT50, current), dataclasses.replace(CFG, gain_threshold=0.0), 1.0)

@@ -307,7 +307,7 @@ def test_an_estimate_is_wanted_exactly_where_some_estimated_candidate_could_win(
     """Where :func:`estimates_can_matter` says no estimate could matter, the policy keeps its
     uncompressed choice even when every estimated candidate is told it loses nothing; where it
     says one could, such an estimate does make it switch."""
-    from planning.policy import estimates_can_matter
+    from planning.estimate_gate import estimates_can_matter
     from planning.registry import codec
 
     current = make_spec("none")
@@ -321,7 +321,7 @@ def test_an_estimate_is_wanted_exactly_where_some_estimated_candidate_could_win(
 
 
 def test_no_estimate_is_wanted_without_a_peer_or_an_estimated_candidate_and_always_for_a_lossy_choice():
-    from planning.policy import estimates_can_matter
+    from planning.estimate_gate import estimates_can_matter
 
     one_worker = Measurements(MBIT50, LATENCY, 1, PROFILE, make_spec("none"))
     assert not estimates_can_matter(one_worker, DEFAULTS)
@@ -411,7 +411,7 @@ def test_the_incumbent_gets_one_standard_error_of_its_samples_before_the_thresho
 def test_an_estimate_is_wanted_when_the_current_choice_fails_the_guard_on_any_link():
     """``none`` not allowed: decide() leaves it at once for the best that passes, which only
     estimates can name, so the gate must not close even at 10 Gbit/s."""
-    from planning.policy import estimates_can_matter
+    from planning.estimate_gate import estimates_can_matter
 
     only_acpsgd = PolicyConfig(allowed=("acpsgd",), critical_initial_steps=0)
     assert estimates_can_matter(measure(GBIT10, make_spec("none")), only_acpsgd)
