@@ -210,12 +210,13 @@ class ErrorMeter:
         self._count_down()
 
     def _extend_cycle(self, measured: _MeasuredStep, warm: bool) -> None:
-        """Keep ``measured`` with the steps of its label before it, at most its cycle."""
+        """Keep ``measured`` with the measured steps of its label just before it, at most its
+        cycle (a step of another label in between starts the cycle afresh)."""
         if warm:
             self._cycle = []
             return
-        kept = [m for m in self._cycle if m.label == measured.label] + [measured]
-        self._cycle = kept[-measured.cycle:]
+        same = bool(self._cycle) and self._cycle[-1].label == measured.label
+        self._cycle = ((self._cycle if same else []) + [measured])[-measured.cycle:]
 
     def _count_down(self) -> None:
         if self._until_exchange:

@@ -342,6 +342,9 @@ def test_a_switch_or_a_warm_up_step_starts_the_cycle_afresh():
     assert meter.cycle_label == "acpsgd-r2" and meter.cycle_error is None
     _metered_step(meter, acp, 2)
     assert meter.cycle_error is not None
+    _metered_step(meter, build("powersgd", rank=2), 3)
+    _metered_step(meter, acp, 4)  # ACP-SGD again: not paired with its step before the PowerSGD one
+    assert meter.cycle_label == "acpsgd-r2" and meter.cycle_error is None
     warm = build("acpsgd", rank=2, warmup_steps=1)
-    _metered_step(meter, warm, 3)  # a warm-up step compresses nothing: no cycle to read
+    _metered_step(meter, warm, 5)  # a warm-up step compresses nothing: no cycle to read
     assert meter.cycle_error is None and meter.cycle_label is None
