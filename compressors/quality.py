@@ -80,7 +80,7 @@ class _StepSums:
     lost_sq: list[torch.Tensor] = field(default_factory=list)  # ‖x − C(x)‖² of the casts
     keys: list[str] = field(default_factory=list)  # tensors whose residual after encoding is x − C(x)
     warm: bool = False  # a warm-up step (plain all-reduce): no compression to measure
-    measured: bool = True  # False: a step the meter skips (ErrorMeter.skip)
+    measured: bool = True  # False: a step the meter skips (ErrorMeter.measure_before)
     #: By tensor key: its sampled coordinates, x there, x − C(x) there (None: read from the
     #: residual once the step completed) and g there, for :func:`group_error`.
     at_coordinates: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]] = field(
@@ -107,9 +107,9 @@ class ErrorMeter:
                  coordinates: int = GROUP_COORDINATES) -> None:
         self.last: float | None = None
         #: The group's ε (:func:`group_error`) from the latest exchange, and the label of the
-        #: compressor that ran the step it measured (a switch may follow the exchange).
+        #: compressor that ran the steps it measured (a switch may follow the exchange).
         self.group_last: float | None = None
-        #: The group's update efficiency η (:func:`group_error`) of that step.
+        #: The group's update efficiency η (:func:`group_error`) of those steps.
         self.group_efficiency: float | None = None
         self.group_label: str | None = None
         #: Elements of all trained parameters (``GradientSync.trained_elements``): spreads the
@@ -176,7 +176,9 @@ class ErrorMeter:
     def step_done(self, compressor: Compressor) -> None:
         started = time.perf_counter()
         sums, self._sums = self._sums, _StepSums()
-        if sums.measured:
+        if not sums.measured:
+            self._cycle = []  # the next measured step starts a cycle: its steps are consecutive
+        else:
             with torch.no_grad():
                 lost = list(sums.lost_sq)
                 if sums.keys and isinstance(compressor, ErrorFeedbackCompressor):
@@ -273,7 +275,9 @@ class ErrorMeter:
         """The next exchange reads the meter after ``steps`` more steps: measure only the
         last cycle of them (then every step until called again). The exchange every
         ``sync_every`` steps reads only that cycle, so the other steps need not pay for the
-        meter (a requested gradient sample is still taken)."""
+        meter (a requested gradient sample is still taken). With ``steps`` below the cycle
+        (``sync_every = 1`` and ACP-SGD) successive exchanges share a step: their samples are
+        correlated, and the policy's standard error of them comes out too small."""
         self._until_exchange = max(0, steps)
 
     def coordinate_count(self) -> int:

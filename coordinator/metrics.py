@@ -85,11 +85,11 @@ class CoordinatorMetrics:
             ["job", "compressor", "compressor_rank"], registry=r)
         self.compression_error = Gauge(
             "gradwire_compression_error", "Relative compression error ||x - C(x)|| / ||x|| of the "
-            "running compressor in its latest reported step (x: gradient plus error feedback)",
+            "running compressor in its latest measured steps (x: gradient plus error feedback)",
             ["job", "compressor"], registry=r)
         self.update_efficiency = Gauge(
             "gradwire_update_efficiency", "Share of an uncompressed step's first-order loss decrease "
-            "the running compressor's latest measured step made, <u, g> / ||g||^2 (what the adaptive "
+            "the running compressor's latest measured steps made, <u, g> / ||g||^2 (what the adaptive "
             "policy judges it by)", ["job", "compressor"], registry=r)
         self.compression_error_estimate = Gauge(
             "gradwire_compression_error_estimate", "Each candidate's estimated relative compression "

@@ -15,7 +15,7 @@ import dataclasses
 
 from planning import costmodel, registry
 from planning.decision import Decision, DecisionSource, decision_for, switch_params
-from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
+from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide, without_dwell
 from planning.progress import contraction
 from planning.protocol import ModelProfile, Telemetry
 from planning.sections import CompressionConfig
@@ -112,9 +112,11 @@ def _running_efficiency(telemetry: Telemetry) -> tuple[str, float] | None:
 
 def _fresh_state(current: Decision) -> PolicyState:
     """A controller that starts mid-job (a coordinator restart, a resumed worker) counts the
-    dwell from the decision in force if the policy made it."""
-    made_by_policy = current.version > 0 and current.source == "policy" and current.at is not None
-    return PolicyState(last_switch_at=current.at if made_by_policy else None)
+    dwell from the decision in force if the policy made it, and again from the first report
+    of a step it ran (it may not have taken effect yet: ``planning.policy`` step 5)."""
+    if current.version > 0 and current.source == "policy" and current.at is not None:
+        return PolicyState(last_switch_at=current.at, awaiting=current.spec.label)
+    return PolicyState()
 
 
 class AdaptiveController:
@@ -152,13 +154,13 @@ class AdaptiveController:
     def pin(self, spec: CompressorSpec, now: float) -> Decision:
         """Fix the choice: the policy stops deciding until :meth:`release`."""
         self.pinned = True
-        self.state = dataclasses.replace(self.state, last_switch_at=now)
+        self.state = dataclasses.replace(self.state, last_switch_at=now, awaiting=None)
         return self._next(spec, f"pinned by operator: {spec.label}", None, "pinned", now)
 
     def release(self) -> None:
         """Back to adaptive: the next report may switch at once (no dwell after a pin)."""
         self.pinned = False
-        self.state = dataclasses.replace(self.state, last_switch_at=None)
+        self.state = without_dwell(self.state)
 
     def observe(self, telemetry: Telemetry, now: float, profile: ModelProfile | None = None) -> Decision | None:
         """Feed one report (``profile``: the job's model profile if the report has none);
@@ -208,7 +210,7 @@ class AdaptiveController:
         costs nothing at world size 1 (no collective has a peer) and keeps the policy's estimate
         for when the job grows back."""
         if self._world_size is not None and t.world_size != self._world_size:
-            self.state = dataclasses.replace(self.state, last_switch_at=None)
+            self.state = without_dwell(self.state)
         self._world_size = t.world_size
         if t.world_size > 1 and t.bandwidth_bytes_per_second is not None:
             self._bandwidth = t.bandwidth_bytes_per_second

@@ -35,8 +35,8 @@ Algorithm of :func:`decide`:
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
    Otherwise switch only when the predicted gain ``(τ_current − τ_best) / τ_current`` (the
    share of time to accuracy saved) exceeds ``gain_threshold`` and at least ``min_dwell_s``
-   passed since the last switch took effect (the first report of a step it ran; on a slow
-   link the workers apply a decision several seconds after it is made). ``τ_current`` gives
+   passed since the last switch, counted again from when it took effect (the first report
+   of a step it ran; on a slow link the workers apply a decision seconds after it is made). ``τ_current`` gives
    the running choice the benefit of the doubt: its averaged efficiency plus one standard
    error of its noisy samples.
 """
@@ -394,6 +394,12 @@ def decide(
         return Keep(f"{comparison}; last switch {waited:.0f} s ago (min dwell {cfg.min_dwell_s:.0f} s)",
                     current.step.step_s), state
     return _switch(best.spec, current, best, comparison, state, now)
+
+
+def without_dwell(state: PolicyState) -> PolicyState:
+    """The state with no dwell to wait out, now or when the last switch takes effect (after a
+    release from a pin, or a change of world size: the next report may switch at once)."""
+    return dataclasses.replace(state, last_switch_at=None, awaiting=None)
 
 
 def _switch_took_effect(state: PolicyState, m: Measurements, now: float) -> PolicyState:

@@ -69,10 +69,11 @@ class Telemetry(_Strict):
     #: cost model's straggler term (the slowest rank lags the mean by about e_N·σ).
     compute_jitter_seconds: float | None = Field(default=None, ge=0)
     grad_norm: float | None = Field(default=None, ge=0)
-    #: The running compressor's relative error ‖x − C(x)‖ / ‖x‖ in the last step
-    #: (``compressors.quality.ErrorMeter``): what the job loses now.
+    #: The running compressor's relative error ‖x − C(x)‖ / ‖x‖ in the last measured steps
+    #: (``compressors.quality.ErrorMeter``: one step, ACP-SGD's P- and Q-step pooled): what
+    #: the job loses now.
     compression_error: float | None = Field(default=None, ge=0, le=1)
-    #: The share of an uncompressed step's first-order loss decrease the last measured step
+    #: The share of an uncompressed step's first-order loss decrease the last measured steps
     #: made, ⟨ū, ḡ⟩ / ‖ḡ‖² (``compressors.quality.update_efficiency``): what the adaptive
     #: policy judges the running compressor by.
     update_efficiency: float | None = Field(default=None, ge=0, le=1)

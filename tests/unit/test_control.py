@@ -245,6 +245,36 @@ def test_hysteresis_settings_out_of_range_name_the_field(field: str, value: floa
         CompressionConfig(mode="adaptive", **{field: value})
 
 
+def test_a_switch_not_yet_in_effect_leaves_no_dwell_after_a_release_or_a_new_world_size():
+    """The dwell restarts when a switch takes effect (``PolicyState.awaiting``); a release from
+    a pin or a change of world size clears the dwell, and must clear that pending restart too,
+    or the first report of the awaited choice would bring the dwell back."""
+    from planning.controller import AdaptiveController
+    from planning.policy import Measurements, PolicyState, _switch_took_effect
+    from planning.spec import make_spec
+
+    pending = PolicyState(last_switch_at=100.0, awaiting="acpsgd-r4")
+    controller = AdaptiveController(CompressionConfig(mode="adaptive"))
+    controller.state = pending
+    controller.pin(make_spec("acpsgd", rank=4), 110.0)
+    assert controller.state.awaiting is None and controller.state.last_switch_at == 110.0
+    controller.release()
+    assert controller.state.last_switch_at is None and controller.state.awaiting is None
+    controller.state = pending
+    controller._for_world_size(telemetry(1).model_copy(update={"world_size": 2}))
+    controller._for_world_size(telemetry(2).model_copy(update={"world_size": 1}))
+    assert controller.state.last_switch_at is None and controller.state.awaiting is None
+    # a controller that starts mid-job (coordinator restart) awaits the decision in force
+    made = Decision(version=3, compressor="acpsgd", params={"rank": 4}, source="policy", at=50.0)
+    restarted = AdaptiveController(CompressionConfig(mode="adaptive"), current=made).state
+    assert (restarted.last_switch_at, restarted.awaiting) == (50.0, "acpsgd-r4")
+    assert AdaptiveController(CompressionConfig(mode="adaptive")).state == PolicyState()
+    # what the awaited choice's first report does: the dwell restarts, once
+    m = Measurements(1e9, 1e-4, 2, None, make_spec("acpsgd", rank=4), running="acpsgd-r4")  # type: ignore[arg-type]
+    assert _switch_took_effect(pending, m, 130.0) == PolicyState(last_switch_at=130.0)
+    assert _switch_took_effect(PolicyState(), m, 130.0) == PolicyState()
+
+
 def test_a_failing_policy_keeps_the_current_decision(monkeypatch):
     policy = InProcessPolicy(CompressionConfig(mode="adaptive"))
     before = policy.current()

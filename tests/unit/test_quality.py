@@ -348,3 +348,22 @@ def test_a_switch_or_a_warm_up_step_starts_the_cycle_afresh():
     warm = build("acpsgd", rank=2, warmup_steps=1)
     _metered_step(meter, warm, 5)  # a warm-up step compresses nothing: no cycle to read
     assert meter.cycle_error is None and meter.cycle_label is None
+
+
+def test_a_cycle_is_read_only_from_consecutive_steps():
+    """An exchange every 3 steps reads steps 1-2, then 4-5: step 4 must not pair with step 2
+    across the unmeasured step 3 (two steps of one ACP-SGD turn); a step undone in the window
+    leaves it incomplete, so that exchange reads nothing rather than a half cycle."""
+    compressor, meter = build("acpsgd", rank=2), ErrorMeter()
+    meter.measure_before(3)
+    for step in range(3):
+        _metered_step(meter, compressor, step)
+    assert meter.cycle_error is not None  # steps 1 and 2
+    meter.measure_before(3)
+    _metered_step(meter, compressor, 3)  # unmeasured
+    _metered_step(meter, compressor, 4)
+    assert meter.cycle_error is None  # step 4 alone, not paired with step 2
+    meter.discard_step()  # step 5 undone on some rank: the exchange after it reads nothing
+    assert meter.cycle_error is None
+    _metered_step(meter, compressor, 6)  # measured again: the turn after step 4's, a whole cycle
+    assert meter.cycle_error is not None
