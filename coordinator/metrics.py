@@ -181,13 +181,11 @@ class CoordinatorMetrics:
 
 def _label(t: Telemetry) -> str:
     """The running compressor as a label (``acpsgd-r4``, ``topk-0.01``), as candidates are named."""
-    if not t.compressor:
-        return "unknown"
-    params = {k: v for k, v in (("rank", t.compressor_rank), ("ratio", t.ratio)) if v is not None}
     try:
-        return make_spec(t.compressor, **params).label
+        spec = t.running_spec()
     except ValueError:
-        return t.compressor
+        return t.compressor or "unknown"
+    return spec.label if spec is not None else "unknown"
 
 
 def _step_seconds(t: Telemetry) -> float | None:
@@ -196,11 +194,12 @@ def _step_seconds(t: Telemetry) -> float | None:
 
 
 def _compression_ratio(t: Telemetry, shapes: list[list[int]] | None) -> float | None:
-    if not shapes or not t.compressor:
+    if not shapes:
         return None
     try:
-        params = {k: v for k, v in (("rank", t.compressor_rank), ("ratio", t.ratio)) if v is not None}
-        spec = make_spec(t.compressor, **params)
+        spec = t.running_spec()
+        if spec is None:
+            return None
         sent = wire_bytes(spec, shapes, t.world_size)
         return wire_bytes(make_spec(registry.UNCOMPRESSED), shapes, t.world_size) / sent if sent else None
     except ValueError:

@@ -19,7 +19,7 @@ from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switc
 from planning.progress import contraction
 from planning.protocol import ModelProfile, Telemetry
 from planning.sections import CompressionConfig
-from planning.spec import CompressorSpec, make_spec
+from planning.spec import CompressorSpec
 
 __all__ = ["AdaptiveController", "decision_for", "initial_decision", "policy_config", "policy_measurements",
            "step_profile"]
@@ -73,6 +73,8 @@ def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | N
         return None
     if telemetry.compute_jitter_seconds is not None:
         profile = dataclasses.replace(profile, compute_jitter_s=telemetry.compute_jitter_seconds)
+    running_spec = telemetry.running_spec()
+    running = running_spec.label if running_spec is not None else None
     return Measurements(
         bandwidth_bytes_per_second=telemetry.bandwidth_bytes_per_second,
         latency_s=telemetry.latency_seconds or 0.0,
@@ -83,24 +85,15 @@ def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | N
         grad_norm=telemetry.grad_norm,
         step=telemetry.step,
         errors=dict(telemetry.compression_error_estimates) or None,
-        running=_running_label(telemetry),
-        running_efficiency=_running_efficiency(telemetry),
+        running=running,
+        running_efficiency=_running_efficiency(telemetry, running),
     )
 
 
-def _running_label(telemetry: Telemetry) -> str | None:
-    """The label of the compressor that ran the reported step (None: the report names none)."""
-    if not telemetry.compressor:
-        return None
-    params = {k: v for k, v in (("rank", telemetry.compressor_rank), ("ratio", telemetry.ratio)) if v is not None}
-    return make_spec(telemetry.compressor, **params).label
-
-
-def _running_efficiency(telemetry: Telemetry) -> tuple[str, float] | None:
-    """(label, δ) of the compressor that ran the reported step: its measured update efficiency
-    η, or, from a worker that reports none, ``1 − ε²`` of its relative compression error
-    (``planning.progress.contraction``); None if the report has neither."""
-    label = _running_label(telemetry)
+def _running_efficiency(telemetry: Telemetry, label: str | None) -> tuple[str, float] | None:
+    """(label, δ) of the compressor that ran the reported step (``label``): its measured update
+    efficiency η, or, from a worker that reports none, ``1 − ε²`` of its relative compression
+    error (``planning.progress.contraction``); None if the report has neither."""
     if label is None:
         return None
     if telemetry.update_efficiency is not None:

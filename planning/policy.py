@@ -36,9 +36,9 @@ Algorithm of :func:`decide`:
    Otherwise switch only when the predicted gain ``(τ_current − τ_best) / τ_current`` (the
    share of time to accuracy saved) exceeds ``gain_threshold`` and at least ``min_dwell_s``
    passed since the last switch, counted again from when it took effect (the first report
-   of a step it ran; on a slow link the workers apply a decision seconds after it is made). ``τ_current`` gives
-   the running choice the benefit of the doubt: its averaged efficiency plus one standard
-   error of its noisy samples.
+   of a step it ran; on a slow link the workers apply a decision seconds after it is made).
+   ``τ_current`` gives the running choice the benefit of the doubt: its averaged efficiency
+   plus one standard error of its noisy samples.
 """
 
 from __future__ import annotations

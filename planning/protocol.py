@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planning.decision import Decision as Decision  # the one decision type, re-exported for the wire
+from planning.spec import CompressorSpec, make_spec
 
 PHASES: tuple[str, ...] = ("data", "forward", "backward", "exposed_comm", "optimizer")
 HOOK_PHASES: tuple[str, ...] = ("compress", "communicate", "decompress")
@@ -113,3 +114,11 @@ class Telemetry(_Strict):
             if not 0 <= error <= 1:
                 raise ValueError(f"compression_error_estimates[{label!r}]: must be in [0, 1], got {error}")
         return value
+
+    def running_spec(self) -> CompressorSpec | None:
+        """The compressor that ran the reported step (None: the report names none), built
+        from its name, rank and ratio; ``ValueError`` when the registry does not know them."""
+        if not self.compressor:
+            return None
+        params = {k: v for k, v in (("rank", self.compressor_rank), ("ratio", self.ratio)) if v is not None}
+        return make_spec(self.compressor, **params)
