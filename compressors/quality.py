@@ -56,6 +56,7 @@ import torch.distributed as dist
 
 from compressors.allreduce import CastAllReduce
 from compressors.base import Compressor, ErrorFeedbackCompressor, GradSlot, kernel_class
+from compressors.measured_cycle import MeasuredCycle, MeasuredStep, cycle_steps, relative_error
 from planning import registry, wire
 from planning.spec import CompressorSpec
 
@@ -64,13 +65,6 @@ _HALF = (torch.float16, torch.bfloat16)
 #: Coordinates of the whole gradient every rank keeps per step for :func:`group_error`
 #: (spread over the tensors in proportion to their size, the same ones on every rank).
 GROUP_COORDINATES = 1024
-
-
-def _ratio(lost_sq: float, total_sq: float) -> float:
-    """``sqrt(lost / total)`` clamped to [0, 1] (rounding can overshoot by an ulp)."""
-    if not total_sq > 0 or not math.isfinite(total_sq) or not math.isfinite(lost_sq):
-        return 0.0
-    return min(1.0, math.sqrt(max(0.0, lost_sq) / total_sq))
 
 
 @dataclass
@@ -95,12 +89,8 @@ class ErrorMeter:
     step can start before). ``last`` is the latest step's ε; ``seconds`` the time spent here,
     so the overhead can be reported.
 
-    What :func:`group_error` reads is the latest *cycle* of measured steps: the compressor's
-    ``Codec.cycle_steps`` consecutive steps of one label, pooled. Why: ACP-SGD alternates
-    P- and Q-steps, which lose different parts of the gradient (on the MLP at rank 64 one
-    step's η alternated near 0.3 and 0.75), so an exchange every ``sync_every`` steps read
-    one half or the other by the parity of the step, and the policy judged rank 64 by
-    whichever came first.
+    What :func:`group_error` reads is :attr:`cycle`, the latest measured steps pooled over
+    the compressor's ``Codec.cycle_steps`` (ACP-SGD's P- and Q-step: ``compressors.measured_cycle``).
     """
 
     def __init__(self, sample_elements: int = 1_000_000, *, total_elements: int | None = None,
@@ -116,9 +106,9 @@ class ErrorMeter:
         #: sampled coordinates over the tensors; None spreads ``coordinates`` over each tensor.
         self.total_elements = total_elements
         self.coordinates = coordinates
-        #: The latest measured steps of one label, at most its cycle, oldest first (emptied by
-        #: a warm-up step); :attr:`coordinate_sample` and :attr:`cycle_error` pool them.
-        self._cycle: list[_MeasuredStep] = []
+        #: The latest measured steps of one label, at most its cycle (emptied by a warm-up
+        #: step or a step not measured): what :func:`group_error` pools.
+        self.cycle = MeasuredCycle()
         self._indices: dict[tuple[str, int], torch.Tensor] = {}
         #: Steps until the next exchange reads the meter (:meth:`measure_before`); None:
         #: measure every step.
@@ -177,7 +167,7 @@ class ErrorMeter:
         started = time.perf_counter()
         sums, self._sums = self._sums, _StepSums()
         if not sums.measured:
-            self._cycle = []  # the next measured step starts a cycle: its steps are consecutive
+            self.cycle.clear()  # the next measured step starts a cycle: its steps are consecutive
         else:
             with torch.no_grad():
                 lost = list(sums.lost_sq)
@@ -187,9 +177,11 @@ class ErrorMeter:
                 total = float(torch.stack(sums.total_sq).double().sum()) if sums.total_sq else 0.0
                 lost_sq = float(torch.stack(lost).double().sum()) if lost else 0.0
                 sample = None if sums.warm else self._gather_coordinates(sums, compressor)
-            self.last = None if sums.warm else _ratio(lost_sq, total)
-            self._extend_cycle(_MeasuredStep(compressor.label, cycle_steps(compressor), sample, lost_sq, total),
-                               sums.warm)
+            self.last = None if sums.warm else relative_error(lost_sq, total)
+            if sums.warm:
+                self.cycle.clear()
+            else:
+                self.cycle.extend(MeasuredStep(compressor.label, cycle_steps(compressor), sample, lost_sq, total))
         self._count_down()
         if self._pending_sample:
             ordered = sorted(self._pending_sample, key=lambda t: t.numel(), reverse=True)
@@ -211,53 +203,9 @@ class ErrorMeter:
         self.last = None
         self._count_down()
 
-    def _extend_cycle(self, measured: _MeasuredStep, warm: bool) -> None:
-        """Keep ``measured`` with the measured steps of its label just before it, at most its
-        cycle (a step of another label in between starts the cycle afresh)."""
-        if warm:
-            self._cycle = []
-            return
-        same = bool(self._cycle) and self._cycle[-1].label == measured.label
-        self._cycle = ((self._cycle if same else []) + [measured])[-measured.cycle:]
-
     def _count_down(self) -> None:
         if self._until_exchange:
             self._until_exchange -= 1
-
-    @property
-    def _complete_cycle(self) -> list[_MeasuredStep] | None:
-        """The latest measured cycle when it is whole (``cycle`` steps of one label)."""
-        cycle = self._cycle
-        return cycle if cycle and len(cycle) == cycle[-1].cycle else None
-
-    @property
-    def cycle_label(self) -> str | None:
-        """The label of the compressor that ran the latest measured cycle."""
-        return self._cycle[-1].label if self._cycle else None
-
-    @property
-    def cycle_length(self) -> int:
-        """Steps in a whole cycle of the latest measured label (1 before any is measured)."""
-        return self._cycle[-1].cycle if self._cycle else 1
-
-    @property
-    def cycle_error(self) -> float | None:
-        """This rank's ε pooled over the latest whole cycle, ``sqrt(Σ‖x − C(x)‖² / Σ‖x‖²)``."""
-        cycle = self._complete_cycle
-        if cycle is None:
-            return None
-        return _ratio(math.fsum(m.lost_sq for m in cycle), math.fsum(m.total_sq for m in cycle))
-
-    @property
-    def coordinate_sample(self) -> torch.Tensor | None:
-        """``[x…, x − C(x)…, g…]`` at the coordinates (float64) over the latest whole cycle,
-        each part the cycle's steps in order, so ratios of its parts pool the cycle; None
-        when no whole cycle has been measured since the last warm-up step."""
-        cycle = self._complete_cycle
-        if cycle is None or any(m.sample is None for m in cycle):
-            return None
-        parts = [m.sample.chunk(3) for m in cycle if m.sample is not None]
-        return torch.cat([torch.cat(part) for part in zip(*parts)])
 
     def _keep_coordinates(self, key: str, grad: torch.Tensor, residual: torch.Tensor | None,
                           lost: torch.Tensor | None, lost_in_residual: bool) -> None:
@@ -322,22 +270,6 @@ class ErrorMeter:
         return sample
 
 
-def cycle_steps(compressor: Compressor) -> int:
-    """Steps of ``compressor``'s cycle (``planning.codec.Codec.cycle_steps``)."""
-    return registry.codec(compressor.name).cycle_steps
-
-
-@dataclass(frozen=True)
-class _MeasuredStep:
-    """One measured step of :class:`ErrorMeter`: what its cycle pools."""
-
-    label: str
-    cycle: int  # steps in its compressor's cycle
-    sample: torch.Tensor | None  # [x, x − C(x), g] at the coordinates (None: no tensor sampled)
-    lost_sq: float
-    total_sq: float
-
-
 def update_efficiency(x: torch.Tensor, lost: torch.Tensor, grad: torch.Tensor) -> float | None:
     """``η = ⟨x − lost, g⟩ / ‖g‖²`` clamped to [0, 1]: the share of an uncompressed step's
     first-order loss decrease that the applied update ``x − lost`` makes (1 for ``none``;
@@ -354,20 +286,20 @@ def group_error(meter: ErrorMeter, group: dist.ProcessGroup | None = None) -> fl
     ``‖ē‖ / ‖x̄‖`` of the latest measured cycle (``ErrorMeter``: one step, or ACP-SGD's P- and
     Q-step pooled), estimated at the meter's coordinates, also kept as ``meter.group_last``;
     the group's :func:`update_efficiency` of that cycle goes to ``meter.group_efficiency``.
-    On one rank the error is the rank's own pooled ``meter.cycle_error``. None when some rank
+    On one rank the error is the rank's own pooled ``meter.cycle.error``. None when some rank
     has no whole measured cycle (after a warm-up step: they happen on all ranks alike).
     """
-    meter.group_label = meter.cycle_label
-    sample = meter.coordinate_sample
+    meter.group_label = meter.cycle.label
+    sample = meter.cycle.coordinate_sample
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
-        meter.group_last = meter.cycle_error
+        meter.group_last = meter.cycle.error
         meter.group_efficiency = None if sample is None else update_efficiency(*sample.chunk(3))
         return meter.group_last
     # One all-reduce of [ranks with a sample, Σ x at the coordinates, Σ (x − C(x)) there,
     # Σ g there]: its length comes from the coordinates every rank has drawn (the same keys
     # on every rank) and the cycle (the same compressor on every rank), so it matches across
     # ranks even where one had no sample, which the count then shows.
-    length = 3 * meter.coordinate_count() * meter.cycle_length
+    length = 3 * meter.coordinate_count() * meter.cycle.length
     have = sample is not None and sample.numel() == length
     summed = torch.zeros(1 + length, dtype=torch.float64)
     summed[0] = 1.0 if have else 0.0
@@ -379,7 +311,7 @@ def group_error(meter: ErrorMeter, group: dist.ProcessGroup | None = None) -> fl
         meter.group_last = meter.group_efficiency = None
         return None
     x, lost, grad = summed[1:].chunk(3)
-    meter.group_last = _ratio(float(torch.dot(lost, lost)), float(torch.dot(x, x)))
+    meter.group_last = relative_error(float(torch.dot(lost, lost)), float(torch.dot(x, x)))
     meter.group_efficiency = update_efficiency(x, lost, grad)
     return meter.group_last
 
@@ -408,7 +340,7 @@ def estimate_errors(tensors: Iterable[torch.Tensor], specs: Sequence[CompressorS
                 if wire.is_compressed(spec, shape):
                     compressing.add(spec.label)
                     lost[spec.label] += kernels[spec.name].lost_energy(spec, tensor, flat, cache)
-    errors = {label: round(_ratio(value, total), 6) for label, value in lost.items()}
+    errors = {label: round(relative_error(value, total), 6) for label, value in lost.items()}
     unresolved = [spec for spec in specs if errors[spec.label] == 0.0 and spec.label in lossy & compressing and total > 0]
     return {**errors, **{spec.label: _stand_in(spec, specs, errors) for spec in unresolved}}
 

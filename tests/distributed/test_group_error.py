@@ -21,7 +21,8 @@ from harness import run_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from compressors import GradientSync, build
-from compressors.quality import ErrorMeter, cycle_steps, group_error
+from compressors.measured_cycle import cycle_steps
+from compressors.quality import ErrorMeter, group_error
 
 STEPS = 8
 CHOICES = {"none": ("none", {}), "powersgd-r2": ("powersgd", {"rank": 2}), "acpsgd-r2": ("acpsgd", {"rank": 2}),

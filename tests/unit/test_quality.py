@@ -251,7 +251,7 @@ def test_after_an_exchange_the_meter_measures_only_the_step_the_next_one_reads()
         if step == 1:
             meter.request_sample()  # a requested gradient sample is taken on a skipped step too
         _metered_step(meter, compressor, step)
-        kept.append(meter.coordinate_sample)
+        kept.append(meter.cycle.coordinate_sample)
         errors.append(meter.last)
     assert kept[:2] == [None, None] and errors[:2] == [None, None]  # skipped: nothing measured
     assert len(meter.take_sample()) == 2  # conv.weight and fc.weight of step 1
@@ -308,11 +308,11 @@ def test_acpsgd_is_measured_over_a_p_step_and_the_q_step_after_it_pooled():
         exact.append(_exact_step(reference, step))
         _metered_step(meter, compressor, step)
         if step < 2:
-            assert meter.cycle_error is None and meter.coordinate_sample is None  # no whole cycle yet
+            assert meter.cycle.error is None and meter.cycle.coordinate_sample is None  # no whole cycle yet
     x, lost, g = (torch.cat(part) for part in zip(*exact[1:]))
     pooled_error = float(lost.norm() / x.norm())
     per_step_error = [float(s[1].norm() / s[0].norm()) for s in exact[1:]]
-    assert meter.cycle_error == pytest.approx(pooled_error, rel=1e-4)
+    assert meter.cycle.error == pytest.approx(pooled_error, rel=1e-4)
     assert meter.last == pytest.approx(per_step_error[1], rel=1e-4)  # the step's own figure stays
     assert group_error(meter) == pytest.approx(pooled_error, rel=1e-4)
     assert meter.group_label == "acpsgd-r2"
@@ -326,12 +326,12 @@ def test_acpsgd_is_measured_over_a_p_step_and_the_q_step_after_it_pooled():
     singles = [update_efficiency(*(torch.cat([step[part][at[key]] for key in sorted(SHAPES)]) for part in range(3)))
                for step in exact[1:]]
     assert all(abs(single - pooled_efficiency) > 1e-3 for single in singles)  # neither step alone
-    assert meter.coordinate_sample is not None
-    assert meter.coordinate_sample.numel() == 2 * 3 * meter.coordinate_count()
+    assert meter.cycle.coordinate_sample is not None
+    assert meter.cycle.coordinate_sample.numel() == 2 * 3 * meter.coordinate_count()
     # PowerSGD repeats every step: one step is its whole cycle
     single = ErrorMeter()
     _metered_step(single, build("powersgd", rank=2), 0)
-    assert single.cycle_error == single.last and single.cycle_length == 1
+    assert single.cycle.error == single.last and single.cycle.length == 1
 
 
 def test_a_switch_or_a_warm_up_step_starts_the_cycle_afresh():
@@ -339,15 +339,15 @@ def test_a_switch_or_a_warm_up_step_starts_the_cycle_afresh():
     acp = build("acpsgd", rank=2)
     _metered_step(meter, build("powersgd", rank=2), 0)
     _metered_step(meter, acp, 1)  # a switch: the PowerSGD step is not half of ACP-SGD's cycle
-    assert meter.cycle_label == "acpsgd-r2" and meter.cycle_error is None
+    assert meter.cycle.label == "acpsgd-r2" and meter.cycle.error is None
     _metered_step(meter, acp, 2)
-    assert meter.cycle_error is not None
+    assert meter.cycle.error is not None
     _metered_step(meter, build("powersgd", rank=2), 3)
     _metered_step(meter, acp, 4)  # ACP-SGD again: not paired with its step before the PowerSGD one
-    assert meter.cycle_label == "acpsgd-r2" and meter.cycle_error is None
+    assert meter.cycle.label == "acpsgd-r2" and meter.cycle.error is None
     warm = build("acpsgd", rank=2, warmup_steps=1)
     _metered_step(meter, warm, 5)  # a warm-up step compresses nothing: no cycle to read
-    assert meter.cycle_error is None and meter.cycle_label is None
+    assert meter.cycle.error is None and meter.cycle.label is None
 
 
 def test_a_cycle_is_read_only_from_consecutive_steps():
@@ -358,12 +358,12 @@ def test_a_cycle_is_read_only_from_consecutive_steps():
     meter.measure_before(3)
     for step in range(3):
         _metered_step(meter, compressor, step)
-    assert meter.cycle_error is not None  # steps 1 and 2
+    assert meter.cycle.error is not None  # steps 1 and 2
     meter.measure_before(3)
     _metered_step(meter, compressor, 3)  # unmeasured
     _metered_step(meter, compressor, 4)
-    assert meter.cycle_error is None  # step 4 alone, not paired with step 2
+    assert meter.cycle.error is None  # step 4 alone, not paired with step 2
     meter.discard_step()  # step 5 undone on some rank: the exchange after it reads nothing
-    assert meter.cycle_error is None
+    assert meter.cycle.error is None
     _metered_step(meter, compressor, 6)  # measured again: the turn after step 4's, a whole cycle
-    assert meter.cycle_error is not None
+    assert meter.cycle.error is not None
