@@ -7,12 +7,11 @@ passed in as ``now`` and everything it remembers between calls lives in the retu
 
 Algorithm of :func:`decide`:
 
-1. **Smooth the link.** Bandwidth is averaged in log space with a time-based EWMA
-   (half-life ``bandwidth_half_life_s``), so ±30 % noise moves the estimate by a few percent.
-   A sample off by more than ``level_shift_factor`` is held back as a suspected outlier; once
-   ``level_shift_reports`` such samples in a row lie on the same side, the estimate jumps to
-   their geometric mean (a real collapse is followed within two reports, a lone spike is
-   ignored). Latency uses a plain EWMA with the same weight.
+1. **Smooth the link** (``planning.link_smoothing``). Bandwidth is averaged in log space with
+   a time-based EWMA (half-life ``bandwidth_half_life_s``), so ±30 % noise moves the estimate
+   by a few percent; ``level_shift_reports`` samples in a row off by more than
+   ``level_shift_factor`` on one side move it at once (a real collapse is followed within two
+   reports, a lone spike is ignored). Latency uses a plain EWMA with the same weight.
 2. **Detect a critical regime** (Accordion's signal): the relative change of the gradient norm
    between reports ``|‖g_t‖ − ‖g_{t−1}‖| / ‖g_{t−1}‖ ≥ critical_grad_change`` starts one that
    lasts ``critical_hold_s``; the first ``critical_initial_steps`` steps are critical too.
@@ -58,6 +57,7 @@ from planning.costmodel import (
     candidates,
     predict_step,
 )
+from planning.link_smoothing import LinkAverage, LinkSmoothing, fold_sample
 from planning.progress import (
     Measured,
     Spread,
@@ -118,6 +118,11 @@ class PolicyConfig:
             raise ValueError(f"level_shift_reports: must be >= 1, got {self.level_shift_reports}")
         if self.critical_rank_factor < 1:
             raise ValueError(f"critical_rank_factor: must be >= 1, got {self.critical_rank_factor}")
+
+    @property
+    def link_smoothing(self) -> LinkSmoothing:
+        """How the link's samples are averaged (step 1)."""
+        return LinkSmoothing(self.bandwidth_half_life_s, self.level_shift_factor, self.level_shift_reports)
 
     @property
     def critical_min_rank(self) -> int:
@@ -206,38 +211,12 @@ Verdict = Union[Keep, Switch]
 # --------------------------------------------------------------------------------------------
 
 
-def _weight(state: PolicyState, cfg: PolicyConfig, now: float) -> float:
-    """EWMA weight of a new sample: ``1 − 2^(−Δt / half-life)`` (irregular reports welcome)."""
-    if state.smoothed_at is None:
-        return 1.0
-    elapsed = max(0.0, now - state.smoothed_at)
-    return 1.0 - 0.5 ** (elapsed / cfg.bandwidth_half_life_s)
-
-
 def _smooth_link(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float) -> PolicyState:
-    """Fold this report's bandwidth and latency into the averages (see step 1)."""
-    sample = m.bandwidth_bytes_per_second
-    previous = state.bandwidth_ewma
-    if previous is None or math.isinf(sample) or math.isinf(previous):
-        # First report, or no link at all (one worker: the probe reports infinite bandwidth).
-        return dataclasses.replace(
-            state, bandwidth_ewma=sample, latency_ewma=m.latency_s, smoothed_at=now, pending_shift=()
-        )
-    if max(sample / previous, previous / sample) > cfg.level_shift_factor:
-        above = sample > previous
-        pending = tuple(p for p in state.pending_shift if (p > previous) == above) + (sample,)
-        if len(pending) < cfg.level_shift_reports:
-            return dataclasses.replace(state, pending_shift=pending)  # suspected outlier: hold
-        level = math.exp(math.fsum(math.log(p) for p in pending) / len(pending))
-        return dataclasses.replace(
-            state, bandwidth_ewma=level, latency_ewma=m.latency_s, smoothed_at=now, pending_shift=()
-        )
-    w = _weight(state, cfg, now)
-    bandwidth = math.exp(math.log(previous) + w * (math.log(sample) - math.log(previous)))
-    latency = m.latency_s if state.latency_ewma is None else state.latency_ewma + w * (m.latency_s - state.latency_ewma)
-    return dataclasses.replace(
-        state, bandwidth_ewma=bandwidth, latency_ewma=latency, smoothed_at=now, pending_shift=()
-    )
+    """Fold this report's bandwidth and latency into the averages (step 1)."""
+    folded = fold_sample(LinkAverage(state.bandwidth_ewma, state.latency_ewma, state.smoothed_at, state.pending_shift),
+                         m.bandwidth_bytes_per_second, m.latency_s, now, cfg.link_smoothing)
+    return dataclasses.replace(state, bandwidth_ewma=folded.bandwidth, latency_ewma=folded.latency,
+                               smoothed_at=folded.at, pending_shift=folded.pending)
 
 
 # --------------------------------------------------------------------------------------------
