@@ -78,30 +78,47 @@ def run_choice(tb: Testbed, args: argparse.Namespace, choice: str, phases: Seque
 
 
 def run_scenario(tb: Testbed, args: argparse.Namespace, name: str, workdir: Path) -> dict[str, Any]:
-    """Every choice once per repeat (same seed), ``none`` first: its curve sets the target."""
+    """Every choice once per seed (and repeat), ``none`` first: its curve sets that seed's target.
+
+    Why several seeds: one seed's trajectory decides the outcome near the target. On seed 0 fp16,
+    whose error is 2e-4, ended 2.0 % above ``none`` and reached the target by one evaluation's
+    dip; over seeds 0-4 it missed the target twice and its final ranged from −1.1 % to +2.0 %
+    (``adaptive_seeds.md``). Each run is judged against its own seed's target.
+    """
     phases = parse_schedule(args.scenarios[name])
-    held_out = HeldOut(train_config(args, fixed_compression("none"), sum(p.steps for p in phases)), HELD_OUT_SAMPLES)
+    steps = sum(p.steps for p in phases)
     order = ["none", *[c for c in args.choices if c != "none"]]
     repeats: dict[str, list[dict[str, Any]]] = {choice: [] for choice in order}
-    for repeat in range(args.repeats):
-        for choice in order:
-            run, curve, loads = run_choice(tb, args, choice, phases, workdir / name / f"repeat{repeat}", held_out)
-            result = run_result(run, phases, curve)
-            result["foreign_cores_runs"] = loads
-            origin = run.wall_at(1)
-            result["rate_changes_s"] = [[round(wall - origin, 3), mbit] for _, wall, mbit in run.rate_changes]
-            repeats[choice].append(result)
-            print(f"[adaptive] {name} {choice} (repeat {repeat + 1}/{args.repeats}): total {result['total_s']:.2f} s, "
-                  f"final held-out {result['final_eval']:.4f}, "
-                  f"switches {[(s['to'], s['at_s']) for s in result['switches']]}, foreign load {loads} cores, "
-                  f"quality overhead {result['quality_overhead']}", flush=True)
-    target = median_high(target_of({"none": r}, phases) for r in repeats["none"])
+    targets: dict[int, float] = {}
+    for seed in args.seeds:
+        seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+        held_out = HeldOut(train_config(seeded, fixed_compression("none"), steps), HELD_OUT_SAMPLES)
+        for repeat in range(args.repeats):
+            for choice in order:
+                run, curve, loads = run_choice(tb, seeded, choice, phases, workdir / name / f"seed{seed}-repeat{repeat}",
+                                               held_out)
+                result = run_result(run, phases, curve)
+                result["seed"] = seed
+                result["foreign_cores_runs"] = loads
+                origin = run.wall_at(1)
+                result["rate_changes_s"] = [[round(wall - origin, 3), mbit] for _, wall, mbit in run.rate_changes]
+                repeats[choice].append(result)
+                print(f"[adaptive] {name} {choice} (seed {seed}, repeat {repeat + 1}/{args.repeats}): total "
+                      f"{result['total_s']:.2f} s, final held-out {result['final_eval']:.4f}, "
+                      f"switches {[(s['to'], s['at_s']) for s in result['switches']]}, foreign load {loads} cores, "
+                      f"quality overhead {result['quality_overhead']}", flush=True)
+        targets[seed] = median_high(target_of({"none": r}, phases) for r in repeats["none"] if r["seed"] == seed)
+    none_final = {r["seed"]: r["final_eval"] for r in repeats["none"]}
     for results in repeats.values():
         for result in results:
-            result["time_to_target_s"] = time_to_target(result["eval"], target)
+            result["target"] = targets[result["seed"]]
+            result["time_to_target_s"] = time_to_target(result["eval"], result["target"])
+            result["final_vs_none"] = round(result["final_eval"] / none_final[result["seed"]] - 1, 4)
     runs = {choice: combine_repeats(results) for choice, results in repeats.items()}
+    spread = max(curve_spread([r for r in repeats["none"] if r["seed"] == seed]) for seed in args.seeds)
     scenario = {"schedule_text": args.scenarios[name], "schedule": [{"mbit": p.mbit, "steps": p.steps} for p in phases],
-                "target": target, "none_curve_spread": curve_spread(repeats["none"]), "runs": runs}
+                "target": targets[args.seeds[0]], "targets_by_seed": {str(seed): t for seed, t in targets.items()},
+                "none_curve_spread": spread, "runs": runs}
     scenario["verdict"] = scenario_verdict(runs)
     return scenario
 
@@ -124,7 +141,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="cosine (to 0 at the last step): at a constant rate the held-out loss of "
                              "uncompressed training reaches its noise floor a third into the run, and the "
                              "first evaluation below the target is a matter of which run dips first")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                        help="run every choice once per seed (and --repeats times each); each run is judged "
+                             "against its own seed's target, and the run at the median time to target stands "
+                             "for the choice: one seed's trajectory decides the finish (see adaptive_seeds.md)")
     parser.add_argument("--sync-every", type=int, default=5)
     parser.add_argument("--report-interval-s", type=float, default=0.1,
                         help="telemetry cadence (the policy decides on each report); rates change on reports")
@@ -137,9 +157,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--min-dwell-s", type=float, default=2.0,
                         help="the policy's minimum dwell, scaled to the schedule's seconds-long phases "
                              "(the job default, 30 s, suits links that change over minutes)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="run every choice this often (same seed); the run at the median time to "
-                             "target stands for it: one run's step times vary by up to 17 %% run to run")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run every choice this often per seed (the same curve, other step times: one "
+                             "run's step times vary by up to 17 %% run to run)")
     parser.add_argument("--busy-repeats", type=int, default=1,
                         help=f"repeat a run this often while it saw more than {BUSY_CORES} foreign cores")
     parser.add_argument("--max-wait-quiet-s", type=float, default=20.0,
@@ -168,6 +188,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.scenarios = chosen
     if args.repeats < 1:
         parser.error(f"--repeats: must be >= 1, got {args.repeats}")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds: each seed once, got {args.seeds}")
+    args.seed = args.seeds[0]  # the job builder's (train_config) seed outside a seeded run
     if args.merge_only and not args.include:
         parser.error("--merge-only: name the results to merge with --include")
     return args
@@ -207,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc["verdict"] = overall_verdict(doc)
     doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr,
                   "lr_schedule": args.lr_schedule,
-                  "bucket_cap_mb": args.bucket_cap_mb, "workers": 2, "seed": args.seed, "repeats": args.repeats, "eval_every": EVAL_EVERY,
+                  "bucket_cap_mb": args.bucket_cap_mb, "workers": 2, "seeds": args.seeds, "repeats": args.repeats, "eval_every": EVAL_EVERY,
                   "probe_interval_s": args.probe_interval_s, "probe_budget": args.probe_budget,
                   "sync_every": args.sync_every, "report_interval_s": args.report_interval_s,
                   "cluster": "local processes in network namespaces (benchmarks.testbed), not a Ray cluster",

@@ -3,6 +3,8 @@ that shares another's job builder fails here, not after minutes of measuring."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import adaptive, calibration
 
 
@@ -20,8 +22,15 @@ def test_the_adaptive_defaults_build_a_job_with_the_scaled_policy_settings() -> 
     # The policy's DEFAULT bounds (issue 14: no per-model tuning), only the dwell scaled.
     assert (cfg.compression.min_dwell_s, cfg.compression.min_rank, cfg.compression.max_rank) == (2.0, 1, 64)
     assert cfg.compression.allowed is None or len(cfg.compression.allowed) == 7
-    # Every run decays its rate to 0 (the target then lies on a falling curve), three times.
-    assert cfg.optimizer.lr_schedule == "cosine" and args.repeats == 3
+    # Every run decays its rate to 0 (the target then lies on a falling curve), once on each of three seeds.
+    assert cfg.optimizer.lr_schedule == "cosine" and (args.seeds, args.repeats) == ([0, 1, 2], 1)
+    assert cfg.seed == 0 and adaptive.train_config(adaptive.parse_args(["--seeds", "4", "5"]), {}, steps=10).seed == 4
+
+
+def test_a_seed_twice_is_refused_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        adaptive.parse_args(["--seeds", "1", "1"])
+    assert "--seeds: each seed once" in capsys.readouterr().err
 
 
 def test_every_adaptive_scenario_has_an_evaluation_at_90_percent_of_its_steps() -> None:
@@ -34,16 +43,20 @@ def test_every_adaptive_scenario_has_an_evaluation_at_90_percent_of_its_steps() 
     assert adaptive.time_to_target(runs["none"]["eval"], 1.0) is None
 
 
-def test_the_repeat_at_the_median_time_to_target_stands_for_a_choice() -> None:
+def test_the_run_at_the_median_time_to_target_stands_for_a_choice() -> None:
     from benchmarks.adaptive.results import combine_repeats, curve_spread
 
-    def repeat(ttt: float | None, final: float, switches: int = 0) -> dict:
-        return {"time_to_target_s": ttt, "total_s": 10.0, "final_eval": final, "foreign_cores": 0.0,
-                "eval": [[15, 1.0, 2.0], [30, 2.0, final]], "switches": [{"to": "fp16"}] * switches}
+    def repeat(ttt: float | None, final: float, switches: int = 0, vs_none: float | None = None) -> dict:
+        out = {"time_to_target_s": ttt, "total_s": 10.0, "final_eval": final, "foreign_cores": 0.0,
+               "eval": [[15, 1.0, 2.0], [30, 2.0, final]], "switches": [{"to": "fp16"}] * switches}
+        return out if vs_none is None else {**out, "final_vs_none": vs_none}
 
-    entry = combine_repeats([repeat(9.0, 0.40, 1), repeat(None, 0.41), repeat(8.0, 0.39, 2)])
+    entry = combine_repeats([repeat(9.0, 0.40, 1, 0.02), repeat(None, 0.41, 0, -0.01), repeat(8.0, 0.39, 2, 0.05)])
     assert entry["time_to_target_s"] == 9.0 and entry["switches"] == [{"to": "fp16"}]  # a miss counts as longest
     assert entry["final_eval"] == 0.40 and [r["time_to_target_s"] for r in entry["repeats"]] == [9.0, None, 8.0]
+    # each run against none's of its own seed, then the median; the plot's curve is the first run's
+    assert entry["final_vs_none"] == 0.02 and entry["eval_first_seed"][-1] == [30, 2.0, 0.40]
+    assert "final_vs_none" not in combine_repeats([repeat(1.0, 0.4)])
     assert combine_repeats([repeat(None, 0.5), repeat(None, 0.5), repeat(3.0, 0.5)])["time_to_target_s"] is None
     assert curve_spread([repeat(1.0, 0.4), repeat(2.0, 0.4)]) == 0.0
     assert curve_spread([repeat(1.0, 0.4), repeat(2.0, 0.43)]) == 0.03
