@@ -24,8 +24,9 @@ run's figures, ``final_vs_none`` is the median of each run's final against ``non
 seed). Why seeds: one seed's trajectory decides the finish near the target (fp16, whose error
 is 2e-4, reached it on three seeds of five, its final −1.1 % to +2.0 % off ``none``'s;
 ``benchmarks/results/adaptive_seeds.md``). With one seed a fixed choice's loss curve repeats
-exactly (``none_curve_spread`` checks it for ``none``), but one run's step times moved by up
-to 17 % between runs on this machine; the median over seeds absorbs both.
+exactly (``none_curve_spread`` checks it for ``none`` where a seed ran twice; null otherwise),
+but one run's step times moved by up to 17 % between runs on this machine; the median over
+seeds absorbs both.
 
 Judged by time to target. Every run checkpoints every :data:`EVAL_EVERY` steps (the same
 cost for every run); after the run each checkpoint's model is evaluated on the first 512 held-out
@@ -46,8 +47,11 @@ the least foreign load is kept (``foreign_cores_runs`` lists every attempt's).
 JSON (``--json-out``)::
 
     {"scenarios": {"<name>": {"target": x, "targets_by_seed": {...}, "schedule": [...], "verdict": {...},
+        "seeds": [...], "none_curve_spread": x or null,
         "runs": {"<label>": {"time_to_target_s": t or null, "total_s": t, "final_eval": x,
-                              "eval": [[step, wall_s, x], ...], "switches": [...], ...}}}},
+                              "eval": [[step, wall_s, x], ...], "switches": [...], "seed": s, "target": x,
+                              "hit_step": n or null, "final_vs_none": x, "first_run": {...},
+                              "repeats": [{"seed": s, "time_to_target_s": t, ...}], ...}}}},
      "verdict": {"worst_ratio_to_best_fixed": {...}}, "job": {...}}
 
     python -m benchmarks.adaptive --json-out benchmarks/results/adaptive.json          # every scenario

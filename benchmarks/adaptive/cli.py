@@ -10,19 +10,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from statistics import median_high
 from typing import Any, Sequence
 
 from benchmarks.adaptive.jobs import HeldOut, JobRun, rank_entry, run_job
 from benchmarks.adaptive.report import markdown, plot
 from benchmarks.adaptive.results import (
     combine_repeats,
-    curve_spread,
+    judge_by_seed,
+    none_curve_spread,
     overall_verdict,
     run_result,
     scenario_verdict,
-    target_of,
-    time_to_target,
 )
 from benchmarks.adaptive.scenarios import (
     ADAPTIVE,
@@ -89,7 +87,6 @@ def run_scenario(tb: Testbed, args: argparse.Namespace, name: str, workdir: Path
     steps = sum(p.steps for p in phases)
     order = ["none", *[c for c in args.choices if c != "none"]]
     repeats: dict[str, list[dict[str, Any]]] = {choice: [] for choice in order}
-    targets: dict[int, float] = {}
     for seed in args.seeds:
         seeded = argparse.Namespace(**{**vars(args), "seed": seed})
         held_out = HeldOut(train_config(seeded, fixed_compression("none"), steps), HELD_OUT_SAMPLES)
@@ -107,18 +104,12 @@ def run_scenario(tb: Testbed, args: argparse.Namespace, name: str, workdir: Path
                       f"{result['total_s']:.2f} s, final held-out {result['final_eval']:.4f}, "
                       f"switches {[(s['to'], s['at_s']) for s in result['switches']]}, foreign load {loads} cores, "
                       f"quality overhead {result['quality_overhead']}", flush=True)
-        targets[seed] = median_high(target_of({"none": r}, phases) for r in repeats["none"] if r["seed"] == seed)
-    none_final = {r["seed"]: r["final_eval"] for r in repeats["none"]}
-    for results in repeats.values():
-        for result in results:
-            result["target"] = targets[result["seed"]]
-            result["time_to_target_s"] = time_to_target(result["eval"], result["target"])
-            result["final_vs_none"] = round(result["final_eval"] / none_final[result["seed"]] - 1, 4)
+    targets = judge_by_seed(repeats, phases)
     runs = {choice: combine_repeats(results) for choice, results in repeats.items()}
-    spread = max(curve_spread([r for r in repeats["none"] if r["seed"] == seed]) for seed in args.seeds)
     scenario = {"schedule_text": args.scenarios[name], "schedule": [{"mbit": p.mbit, "steps": p.steps} for p in phases],
+                "seeds": args.seeds, "repeats": args.repeats,
                 "target": targets[args.seeds[0]], "targets_by_seed": {str(seed): t for seed, t in targets.items()},
-                "none_curve_spread": spread, "runs": runs}
+                "none_curve_spread": none_curve_spread(repeats["none"]), "runs": runs}
     scenario["verdict"] = scenario_verdict(runs)
     return scenario
 

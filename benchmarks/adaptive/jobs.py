@@ -110,7 +110,8 @@ class HeldOut:
     """The held-out split of ``cfg``'s dataset, built once; calling it evaluates a checkpoint.
 
     Why held-out loss: the training loss of the last step is one batch of 64 samples, far too
-    noisy to compare runs within a few per cent; the held-out set is the same for every run.
+    noisy to compare runs within a few per cent; the held-out set is the same for every run
+    of a seed (the seed draws it).
     """
 
     def __init__(self, cfg: TrainConfig, samples: int = 1024) -> None:

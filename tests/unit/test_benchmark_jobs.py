@@ -55,9 +55,8 @@ def test_the_run_at_the_median_time_to_target_stands_for_a_choice() -> None:
     assert entry["time_to_target_s"] == 9.0 and entry["switches"] == [{"to": "fp16"}]  # a miss counts as longest
     assert entry["final_eval"] == 0.40 and [r["time_to_target_s"] for r in entry["repeats"]] == [9.0, None, 8.0]
     # each run against none's of its own seed, then the median; the plot's curve is the first run's
-    assert entry["final_vs_none"] == 0.02 and entry["eval_first_seed"][-1] == [30, 2.0, 0.40]
+    assert entry["final_vs_none"] == 0.02 and entry["first_run"]["eval"][-1] == [30, 2.0, 0.40]
     assert "final_vs_none" not in combine_repeats([repeat(1.0, 0.4)])
-    assert combine_repeats([repeat(None, 0.5), repeat(None, 0.5), repeat(3.0, 0.5)])["time_to_target_s"] is None
     assert curve_spread([repeat(1.0, 0.4), repeat(2.0, 0.4)]) == 0.0
     assert curve_spread([repeat(1.0, 0.4), repeat(2.0, 0.43)]) == 0.03
 
@@ -91,3 +90,56 @@ def test_the_switching_bound_runs_each_phase_with_its_fastest_choice_for_free() 
     assert bound["fsf"]["fastest_by_phase"] == ["none", "b", "none"]  # c never reached the target: not a choice
     assert bound["fsf"]["best_fixed"] == "b" and bound["fsf"]["ratio"] == round(10.0 / (70 * 0.12 + 20 * 0.15), 3)
     assert "| fsf | 0.877 | none, b, none | b |" in markdown(doc)
+
+
+def test_each_run_is_judged_against_its_own_seeds_target_and_ratios_pair_runs_by_seed() -> None:
+    """Seed 0's ``none`` reaches 0.50 at step 270 (its target), seed 1's 0.30. ``a`` runs seed 0's
+    curve shifted by one evaluation and seed 1's exactly; ``b`` misses seed 1's target."""
+    from benchmarks.adaptive.results import combine_repeats, judge_by_seed, none_curve_spread, scenario_verdict
+
+    phases = adaptive.parse_schedule("1000:300")
+
+    def run(seed: int, level: float, wall_per_step: float, shift: int = 0) -> dict:
+        evals = [[15 * i, 15 * i * wall_per_step, level + 0.01 * max(0, 18 - i + shift)] for i in range(1, 21)]
+        return {"seed": seed, "eval": evals, "final_eval": evals[-1][2], "total_s": 300 * wall_per_step,
+                "switches": [], "foreign_cores": 0.0}
+
+    repeats = {"none": [run(0, 0.50, 0.10), run(1, 0.30, 0.10)],
+               "a": [run(0, 0.50, 0.05, shift=1), run(1, 0.30, 0.08)],
+               "b": [run(0, 0.50, 0.05), run(1, 0.35, 0.05)]}
+    targets = judge_by_seed(repeats, phases)
+    assert targets == {0: 0.50, 1: 0.30}
+    assert [r["hit_step"] for r in repeats["a"]] == [285, 270] and repeats["b"][1]["time_to_target_s"] is None
+    assert repeats["b"][1]["final_vs_none"] == round(0.35 / 0.30 - 1, 4)
+    runs = {label: combine_repeats(results) for label, results in repeats.items()}
+    verdict = scenario_verdict(runs)
+    # a: 285·0.05 = 14.25 s on seed 0 (none: 27 s), 270·0.08 = 21.6 s on seed 1 (none: 27 s)
+    assert verdict["best_fixed"] == "a"
+    assert verdict["ratio_to_best"]["none"] == round(max(27.0 / 14.25, 27.0 / 21.6), 3)  # median_high of two
+    assert verdict["ratio_to_best"]["b"] is None  # missed seed 1, where a reached it: the median is a miss
+    assert none_curve_spread(repeats["none"]) is None  # one run per seed: nothing to compare
+    assert none_curve_spread(repeats["none"] + [run(1, 0.30, 0.2)]) == 0.0
+
+
+def test_the_switching_bound_is_taken_per_seed_from_each_runs_own_steps_to_target() -> None:
+    """As above (fast 0.10/0.12 s per step for none/b, slow 0.30/0.15 s), but seed 1's runs
+    need 60 steps instead of 90: its bound comes from those steps, and ``by_seed`` lists both."""
+    from benchmarks.adaptive.results import switching_bounds
+
+    def entry(total_s: float, hits: dict[int, int | None]) -> dict:
+        return {"total_s": total_s, "eval": [], "repeats": [
+            {"seed": seed, "hit_step": step, "time_to_target_s": None if step is None else 1.0}
+            for seed, step in hits.items()]}
+
+    def steady(mbit: float, a: float, b: float) -> dict:
+        return {"schedule": [{"mbit": mbit, "steps": 100}], "target": 0.4,
+                "runs": {"none": entry(a * 99, {0: 90, 1: 60}), "b": entry(b * 99, {0: 90, 1: 60})}}
+
+    changing = {"schedule": [{"mbit": 1000, "steps": 50}, {"mbit": 50, "steps": 20}, {"mbit": 1000, "steps": 30}],
+                "target": 0.4, "runs": {"none": entry(20.0, {0: 90, 1: 60}), "b": entry(13.0, {0: 90, 1: None})}}
+    doc = {"scenarios": {"fast": steady(1000, 0.10, 0.12), "slow": steady(50, 0.30, 0.15), "fsf": changing}}
+    bound = switching_bounds(doc)["fsf"]
+    seed0 = round(10.0 / (70 * 0.12 + 20 * 0.15), 3)  # as in the test above
+    seed1 = 1.0  # only none reached seed 1's target (50 fast, 10 slow steps): the bound is none itself
+    assert bound["by_seed"] == {"0": seed0, "1": seed1}
+    assert bound["ratio"] == max(seed0, seed1) and bound["steps_to_target"] == 60  # median_high of two: seed 1's
