@@ -35,8 +35,11 @@ def test_jobs_run_to_succeeded_and_queue_for_cpus(serve):
 
     wait_state(url, first["id"], {"running"})
     # 2 CPUs, 2 workers each: the second waits for the first; the job larger than the whole
-    # cluster waits without blocking anyone.
-    queued = job_of(url, second["id"])
+    # cluster waits without blocking anyone. The launcher's sweep that started the first may
+    # not have looked at the second yet (its reason is then the store's "waiting for the
+    # launcher"): wait for the launcher's own verdict.
+    queued = wait_for(lambda: (job := job_of(url, second["id"]))["reason"] != "waiting for the launcher" and job,
+                      20, "the launcher to judge the second job")
     assert (queued["state"], queued["reason"]) == ("queued", "queued: needs 2 CPUs, 0 free")
     assert job_of(url, too_big["id"])["reason"] == "waiting: needs 4 CPUs/0 GPUs, the cluster has 2/0"
 
