@@ -164,10 +164,8 @@ class Measurements:
 class PolicyState:
     """What :func:`decide` remembers between calls; start with ``PolicyState()``."""
 
-    bandwidth_ewma: float | None = None  # bytes/s, smoothed in log space
-    latency_ewma: float | None = None  # seconds
-    smoothed_at: float | None = None  # when a sample last entered the averages
-    pending_shift: tuple[float, ...] = ()  # out-of-band bandwidth samples awaiting confirmation
+    #: The link's averaged bandwidth and latency (``planning.link_smoothing``).
+    link: LinkAverage = LinkAverage()
     last_grad_norm: float | None = None
     critical_until: float | None = None
     last_switch_at: float | None = None
@@ -213,10 +211,8 @@ Verdict = Union[Keep, Switch]
 
 def _smooth_link(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float) -> PolicyState:
     """Fold this report's bandwidth and latency into the averages (step 1)."""
-    folded = fold_sample(LinkAverage(state.bandwidth_ewma, state.latency_ewma, state.smoothed_at, state.pending_shift),
-                         m.bandwidth_bytes_per_second, m.latency_s, now, cfg.link_smoothing)
-    return dataclasses.replace(state, bandwidth_ewma=folded.bandwidth, latency_ewma=folded.latency,
-                               smoothed_at=folded.at, pending_shift=folded.pending)
+    folded = fold_sample(state.link, m.bandwidth_bytes_per_second, m.latency_s, now, cfg.link_smoothing)
+    return dataclasses.replace(state, link=folded)
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,8 +333,9 @@ def decide(
         state = dataclasses.replace(state, spread=record_spread(state.spread, state.measured, *m.running_efficiency),
                                     measured=record_running(state.measured, *m.running_efficiency))
     m = dataclasses.replace(m, errors=calibrated_errors(m.errors, state.measured))
-    assert state.bandwidth_ewma is not None and state.latency_ewma is not None
-    link = alpha_beta_from_bandwidth(state.bandwidth_ewma, alpha_of(state.latency_ewma, m.world_size))._replace(
+    bandwidth, latency = state.link.bandwidth, state.link.latency
+    assert bandwidth is not None and latency is not None
+    link = alpha_beta_from_bandwidth(bandwidth, alpha_of(latency, m.world_size))._replace(
         wake_s=m.wake_s)
 
     pool = [adopt_settings(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
@@ -349,7 +346,7 @@ def decide(
     if best is None:
         why = "no candidate passes the quality guard" if not passing else "no passing candidate has a measured error yet"
         return Keep(why, current.step.step_s), state
-    context = f"at {_rate(state.bandwidth_ewma)}, {m.world_size} workers"
+    context = f"at {_rate(bandwidth)}, {m.world_size} workers"
     if critical:
         context += f"; critical regime: {critical_why}"
     elif critical_why is not None:

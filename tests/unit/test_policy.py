@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import pytest
 
 from planning.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, predict_step
+from planning.link_smoothing import LinkAverage
 from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
 from planning.spec import CompressorSpec, make_spec
 
@@ -132,7 +133,7 @@ def test_critical_regime_excludes_topk_and_signsgd():
 
 
 def slow_link_state(last_switch_at: float | None) -> PolicyState:
-    return PolicyState(bandwidth_ewma=MBIT50, latency_ewma=LATENCY, smoothed_at=0.0, last_switch_at=last_switch_at)
+    return PolicyState(link=LinkAverage(MBIT50, LATENCY, 0.0), last_switch_at=last_switch_at)
 
 
 def test_min_dwell_is_respected():
@@ -161,7 +162,7 @@ def test_the_dwell_counts_from_the_first_report_of_a_step_the_new_choice_ran():
     _, state = decide(state, dataclasses.replace(measure(MBIT50, new), running=new.label), CFG, 45.0)
     assert state.last_switch_at == 45.0 and state.awaiting is None
     # a link that makes none faster again must wait out the dwell from there
-    fast_state, fast = dataclasses.replace(state, bandwidth_ewma=1e10), dataclasses.replace(measure(1e10, new), running=new.label)
+    fast_state, fast = dataclasses.replace(state, link=LinkAverage(1e10, LATENCY, 0.0)), dataclasses.replace(measure(1e10, new), running=new.label)
     decision, _ = decide(fast_state, fast, CFG, 60.0)
     assert isinstance(decision, Keep) and "min dwell" in decision.reason
     decision, _ = decide(fast_state, fast, CFG, 75.0)
@@ -203,7 +204,7 @@ def test_one_worker_with_infinite_bandwidth_keeps_no_compression():
     for now in (0.0, 2.0, 4.0):
         m = Measurements(math.inf, 0.0, 1, PROFILE, make_spec("none"))
         decision, state = decide(state, m, CFG, now)
-        assert isinstance(decision, Keep) and state.bandwidth_ewma == math.inf
+        assert isinstance(decision, Keep) and state.link.bandwidth == math.inf
     m = Measurements(math.inf, 0.0, 1, PROFILE, make_spec("acpsgd", rank=4))
     decision, _ = decide(state, m, CFG, 6.0)
     assert isinstance(decision, Switch) and decision.spec.name == "none"

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from planning.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, candidates, predict_step
+from planning.link_smoothing import LinkAverage
 from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
 from planning.progress import contraction, error_of, rank_of, seconds_per_progress
 from planning.spec import COMPRESSOR_NAMES, make_spec
@@ -131,7 +132,7 @@ def test_oscillation_faster_than_the_dwell_switches_at_most_once_per_dwell():
 
 def test_decide_stays_pure_with_errors():
     m = measure(MBIT50, make_spec("none"))
-    state = PolicyState(bandwidth_ewma=MBIT50, latency_ewma=LATENCY, smoothed_at=0.0)
+    state = PolicyState(link=LinkAverage(MBIT50, LATENCY, 0.0))
     assert decide(state, m, DEFAULTS, 5.0) == decide(state, m, DEFAULTS, 5.0)
     assert isinstance(decide(state, m, DEFAULTS, 5.0)[0], (Keep, Switch))
 
