@@ -10,6 +10,10 @@ from the full tensors (not the meter's sample):
 * ``η = ⟨u, g⟩ / ‖g‖²`` with ``u = g + e_old − e_new`` the update applied: the share of an
   uncompressed step's first-order loss decrease the step makes (what the policy now uses);
 * ``ρ = ‖e_new‖ / ‖g‖``, the residual held back in units of one step's gradient;
+* ``cos²(u, g) = ⟨u, g⟩² / (‖u‖² ‖g‖²)``: the share of an uncompressed step's loss decrease a
+  step along ``u`` at its best length makes (curvature ``L·I``), which also charges ``u`` for
+  what it adds off ``g``; for a projection ``C`` it is ``1 − ε²``, the contraction the policy
+  gives a candidate by its estimate;
 
 and the held-out loss of the final model. One process (world size 1, batch 64 = the
 benchmark's 2 × 32, a one-process gloo group), so the group's mean is the rank's own; the
@@ -30,7 +34,7 @@ from typing import Any, Sequence
 
 from benchmarks.outputs import write_json_and_table
 
-DEFAULT_CHOICES = ("none", "powersgd-r2", "powersgd-r4", "powersgd-r8", "powersgd-r16",
+DEFAULT_CHOICES = ("none", "fp16", "powersgd-r2", "powersgd-r4", "powersgd-r8", "powersgd-r16",
                    "acpsgd-r4", "acpsgd-r8", "acpsgd-r16", "acpsgd-r32")
 
 
@@ -68,7 +72,7 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             kept = sync.compressor.residuals() if hasattr(sync.compressor, "residuals") else {}
             return flat({k.removeprefix("module."): v for k, v in kept.items()})
 
-        figures: list[tuple[float, float, float]] = []
+        figures: list[tuple[float, float, float, float]] = []
         epoch, batches = 0, iter(make_loader(train, batch_size=args.batch_size, rank=0, world_size=1, seed=args.seed))
         for _ in range(args.steps):
             batch = next(batches, None)
@@ -84,9 +88,10 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             e_new = residual()
             update = flat({k: p.grad for k, p in model.named_parameters()})
             grad = update + e_new - e_old
-            g_sq = float(grad @ grad)
-            figures.append((float(e_new.norm() / (grad + e_old).norm()), float(update @ grad) / g_sq,
-                            float(e_new.norm()) / g_sq ** 0.5))
+            g_sq, along = float(grad @ grad), float(update @ grad)
+            cos_sq = along * along / (float(update @ update) * g_sq) if along > 0 else 0.0
+            figures.append((float(e_new.norm() / (grad + e_old).norm()), along / g_sq,
+                            float(e_new.norm()) / g_sq ** 0.5, cos_sq))
             optimizer.step()
             schedule.step()
         model.eval()
@@ -100,18 +105,20 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             "error_median": round(statistics.median(f[0] for f in tail), 4),
             "efficiency_median": round(statistics.median(f[1] for f in tail), 4),
             "residual_over_gradient_median": round(statistics.median(f[2] for f in tail), 4),
+            "cos_squared_median": round(statistics.median(f[3] for f in tail), 4),
             "wall_s": round(time.monotonic() - started, 1)}
 
 
 def markdown(doc: dict[str, Any]) -> str:
     rows = sorted(doc["choices"].items(), key=lambda item: item[1]["held_out_loss"])
-    lines = ["| choice | held-out loss | vs none | ε (median) | η (median) | 1 − ε² | ρ = ‖e‖/‖g‖ |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| choice | held-out loss | vs none | ε (median) | ⟨u,g⟩/‖g‖² (median) | cos²(u,g) (median) | 1 − ε² "
+             "| ρ = ‖e‖/‖g‖ |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     base = doc["choices"].get("none", {}).get("held_out_loss")
     for label, r in rows:
         versus = f"{r['held_out_loss'] / base - 1:+.1%}" if base else "-"
         lines.append(f"| {label} | {r['held_out_loss']:.4f} | {versus} | {r['error_median']:.3f} | "
-                     f"{r['efficiency_median']:.3f} | {1 - r['error_median'] ** 2:.3f} | "
+                     f"{r['efficiency_median']:.3f} | {r['cos_squared_median']:.3f} | {1 - r['error_median'] ** 2:.3f} | "
                      f"{r['residual_over_gradient_median']:.3f} |")
     return "\n".join(lines) + "\n"
 

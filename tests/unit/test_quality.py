@@ -271,8 +271,9 @@ def test_the_quality_signal_benchmark_measures_each_figure_by_its_definition():
                               held_out=64, seed=0)
     none, lossy = run_choice("none", args), run_choice("powersgd-r1", args)
     assert none["error_median"] == 0.0 and none["efficiency_median"] == 1.0
-    assert none["residual_over_gradient_median"] == 0.0
+    assert none["residual_over_gradient_median"] == 0.0 and none["cos_squared_median"] == pytest.approx(1.0)
     assert 0 < lossy["error_median"] < 1 and lossy["efficiency_median"] < 1 and lossy["residual_over_gradient_median"] > 0
+    assert 0 < lossy["cos_squared_median"] < 1
     assert math.isfinite(none["held_out_loss"]) and math.isfinite(lossy["held_out_loss"])
     table = markdown({"choices": {"none": none, "powersgd-r1": lossy}})
     assert "| powersgd-r1 |" in table and "| none |" in table
