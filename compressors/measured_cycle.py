@@ -1,8 +1,8 @@
 """The latest measured cycle of the running compressor: what one quality exchange pools.
 
 Why a cycle and not a step: ACP-SGD alternates P- and Q-steps, which lose different parts of
-the gradient (on the MLP at rank 64 one step's update efficiency alternated near 0.3 and
-0.75), so an exchange every ``sync_every`` steps read one half or the other by the parity of
+the gradient (on the MLP at rank 64 one step's first-order share ⟨u, g⟩/‖g‖² alternated near 0.3
+and 0.75), so an exchange every ``sync_every`` steps read one half or the other by the parity of
 the step, and the policy judged the rank by whichever came first. A compressor's
 ``Codec.cycle_steps`` consecutive measured steps of one label are pooled instead (one step
 for every compressor but ACP-SGD). ``compressors.quality.ErrorMeter`` fills the cycle;

@@ -20,15 +20,15 @@ gradient (uncompressed tensors count in ``‖x‖`` with no error):
   ``GROUP_COORDINATES`` seeded coordinates of ``x`` and of ``x − C(x)`` per step, and one
   small all-reduce between steps sums them: a ratio estimate from a uniform sample of the
   gradient's coordinates, 24 KB (x, x − C(x) and g) in one all-reduce per exchange.
-* **the group's update efficiency**, by :func:`group_error` from the same exchange:
-  ``η = ⟨ū, ḡ⟩ / ‖ḡ‖²``, the applied update ``ū = x̄ − ē`` projected on the fresh mean
-  gradient ``ḡ``: the share of an uncompressed step's first-order loss decrease the step
-  makes. The policy judges a running choice by it (``planning.progress``), not by ``ε``:
-  ``ε`` compares what is lost with ``x = g + e``, which holds the residual of earlier steps,
-  and across compressors it ranks the damage the wrong way round where their residuals
-  differ. Measured on the CNN (one rank, 300 steps, median over steps 100-300): ACP-SGD r16
-  ε 0.58, η 0.69; PowerSGD r4 ε 0.73, η 0.76; training agrees with η (held-out loss 0.3883
-  against 0.3821; uncompressed 0.3808). The exchange carries ``g`` at the coordinates too.
+* **the group's update efficiency**, by :func:`group_error` from the same exchange: the
+  cosine of the applied update ``ū = x̄ − ē`` with the fresh mean gradient ``ḡ``
+  (:func:`update_efficiency`: why the cosine). The policy judges a running choice by it
+  (``planning.progress``), not by ``ε``: ``ε`` compares what is lost with ``x = g + e``, which
+  holds the residual of earlier steps, and across compressors it ranks the damage the wrong
+  way round where their residuals differ. Measured on the CNN (one rank, 300 steps, median
+  over steps 100-300, ``benchmarks/results/quality_signal.md``): ACP-SGD r16 ε 0.57, cosine
+  0.66; PowerSGD r4 ε 0.73, cosine 0.76; training agrees with the cosine (held-out loss 0.3904
+  against 0.3843; uncompressed 0.3809). The exchange carries ``g`` at the coordinates too.
 * **every candidate's estimate**, every few steps, by :func:`estimate_errors` on a sample of
   this step's gradient matrices (the way L-GreCo measures per-layer error): the best rank-r
   error from one ``svdvals`` per matrix for all ranks at once (PowerSGD/ACP-SGD's warm-started
@@ -99,7 +99,7 @@ class ErrorMeter:
         #: The group's ε (:func:`group_error`) from the latest exchange, and the label of the
         #: compressor that ran the steps it measured (a switch may follow the exchange).
         self.group_last: float | None = None
-        #: The group's update efficiency η (:func:`group_error`) of those steps.
+        #: The group's update efficiency (:func:`update_efficiency`, a cosine) of those steps.
         self.group_efficiency: float | None = None
         self.group_label: str | None = None
         #: Elements of all trained parameters (``GradientSync.trained_elements``): spreads the
@@ -271,13 +271,26 @@ class ErrorMeter:
 
 
 def update_efficiency(x: torch.Tensor, lost: torch.Tensor, grad: torch.Tensor) -> float | None:
-    """``η = ⟨x − lost, g⟩ / ‖g‖²`` clamped to [0, 1]: the share of an uncompressed step's
-    first-order loss decrease that the applied update ``x − lost`` makes (1 for ``none``;
-    None when ``g`` is 0). Clamped: a sampled estimate can stray past either end."""
-    total = float(torch.dot(grad, grad))
-    if not total > 0 or not math.isfinite(total):
+    """``cos(u, g) = ⟨u, g⟩ / (‖u‖‖g‖)`` of the applied update ``u = x − lost`` with the fresh
+    gradient ``g``, clamped to [0, 1] (1 up to round-off for ``none``, nearly 1 for the casts; None
+    when ``u`` or ``g`` is 0; 0 for an update against the gradient).
+
+    Why the cosine and not the first-order share ``⟨u, g⟩ / ‖g‖²`` (the figure until session
+    15): the share counts an update's length, and error feedback pays old residual out on top
+    of the gradient, so ACP-SGD's longer updates (‖u‖²/‖g‖² 1.09 at rank 16 against PowerSGD
+    r4's 1.03 on the CNN) scored nearly as well as PowerSGD's while they trained worse; the
+    share put ACP-SGD r8, r16 and PowerSGD r4 within 6 % of one another at 50 Mbit/s and the
+    policy settled on ACP-SGD r8 (final held-out loss +9.8 %). The cosine is blind to length:
+    medians over steps 100-300 of one rank (``benchmarks/results/quality_signal.md``, the
+    square root of its cos² column) PowerSGD r4 0.76, ACP-SGD r16 0.66, r8 0.56, r4 0.38, the
+    order of their held-out losses. Its square, the share at the best step length, priced a
+    cast's step against a low rank's too dearly (the cluster scenario's MLP left ACP-SGD r64,
+    cos² 0.33, for an fp16 step 2.3x slower). Clamped: a sampled estimate can stray."""
+    update = x - lost
+    norms = math.sqrt(float(torch.dot(grad, grad)) * float(torch.dot(update, update)))
+    if not norms > 0 or not math.isfinite(norms):
         return None
-    value = float(torch.dot(x - lost, grad)) / total
+    value = float(torch.dot(update, grad)) / norms
     return min(1.0, max(0.0, value)) if math.isfinite(value) else None
 
 

@@ -27,7 +27,7 @@ Algorithm of :func:`decide`:
    i.e. the candidate with the least *time per unit of progress* ``τ = step_s / δ`` wins
    (ties go to the less lossy one). Estimates are calibrated by what the running
    compressor really loses (``Measurements.running_efficiency``: the running choice's
-   measured update efficiency η, averaged per label in the state and judged as the error
+   measured update efficiency, the cosine of its update with the gradient, averaged per label in the state and judged as the error
    whose contraction it is; :func:`planning.progress.calibrated_errors`). A lossy candidate with no error is not
    chosen while other candidates have one; with no errors at all, ``τ`` is the step time
    (the policy of before the quality signal).
@@ -152,7 +152,7 @@ class Measurements:
     #: None: unknown, judge by step time alone.
     errors: Mapping[str, float] | None = None
     #: (label, δ) of the compressor that ran the reported step: its measured update
-    #: efficiency η (``compressors.quality.update_efficiency``), else ``1 − ε²`` of its
+    #: efficiency, a cosine (``compressors.quality.update_efficiency``), else ``1 − ε²`` of its
     #: relative error (``planning.progress.contraction``).
     running_efficiency: tuple[str, float] | None = None
     #: The label of the compressor that ran the reported step (None: not reported). It
@@ -395,8 +395,8 @@ def _doubt_in_favour(m: Measurements, state: PolicyState) -> Measurements:
     """The measurements with the current choice judged one standard error better than its
     averaged efficiency (``planning.progress.standard_error``).
 
-    Why: a running choice's efficiency is an average of noisy samples (η on the CNN scattered
-    from 0.5 to 1 from one exchange to the next), and the other labels are judged by older
+    Why: a running choice's efficiency is an average of noisy samples (the first-order share
+    on the CNN scattered from 0.5 to 1 from one exchange to the next), and the other labels are judged by older
     averages and by estimates calibrated from them. Within that noise the policy flapped
     between ranks whose time per progress lay 10-14 % apart, each move a gain above the
     threshold that the next samples took back. A switch must now gain the threshold beyond

@@ -12,7 +12,8 @@ is worth ``δ`` of an uncompressed step, and the policy maximises
 Why this form and no fitted constant: a user should not tune anything per model, and the
 only per-model input, ``ε``, is measured (``compressors.quality``) on the job's own
 gradients. A choice that has run is judged by what it was measured to give: its update
-efficiency ``η`` (:func:`error_of_efficiency`), so ``δ = η`` for it. What it gives: at equal time the less lossy choice wins; ``none`` (ε = 0) wins
+efficiency ``η``, the cosine of its applied update with the gradient
+(:func:`error_of_efficiency`), so ``δ = η`` for it. What it gives: at equal time the less lossy choice wins; ``none`` (ε = 0) wins
 wherever it is as fast; a low rank wins only where it buys more time than it loses steps
 (rank 4 at ε = 0.8 must be 2.8x faster than ``none`` to pay). It is a model: the benchmark
 (``benchmarks/adaptive.py``) judges it by measured time to a target held-out loss.
@@ -37,18 +38,18 @@ def error_of_efficiency(efficiency: float) -> float:
     """The error whose :func:`contraction` is a measured update efficiency ``η``:
     ``sqrt(1 − η)``, so that a running choice's worth per step is ``δ = η``.
 
-    Why the running choice is judged by ``η`` (``compressors.quality.update_efficiency``,
-    ``⟨ū, ḡ⟩ / ‖ḡ‖²``: the share of an uncompressed step's first-order loss decrease the
-    applied update makes) and not by its relative error ``ε``: ``ε`` is measured against
-    ``x = g + e``, and how much of ``x`` is old residual differs between compressors, so
-    across ACP-SGD and PowerSGD ``ε`` ranked the damage the wrong way round. On the
-    benchmark's CNN (one rank, median over steps 100-300; held-out loss after 300 steps,
-    uncompressed 0.3808): ACP-SGD r16 ε 0.58 → δ 0.67, η 0.69, loss 0.3883; PowerSGD r4
-    ε 0.73 → δ 0.47, η 0.76, loss 0.3821; ACP-SGD r4 ε 0.86, η 0.46, loss 0.3988 or 0.4125
-    (two runs). η is no model of the loss (PowerSGD r2: η 0.66, loss 0.3740), but it ranks
-    these pairs as training does, and ε did not. Passing
-    it through ``ε`` keeps the estimates' calibration (:func:`calibrated_errors`) as it is:
-    a measured running figure is a running figure whichever the quantity.
+    Why the running choice is judged by ``η`` (``compressors.quality.update_efficiency``:
+    ``cos(ū, ḡ)``, the applied update against the fresh mean gradient) and not by its relative
+    error ``ε``: ``ε`` is measured against ``x = g + e``, and how much of ``x`` is old residual
+    differs between compressors, so across ACP-SGD and PowerSGD ``ε`` ranked the damage the
+    wrong way round. On the benchmark's CNN (one rank, median over steps 100-300; held-out
+    loss after 300 steps, uncompressed 0.3809; ``benchmarks/results/quality_signal.md``):
+    ACP-SGD r16 ε 0.57 → δ 0.68, cosine 0.66, loss 0.3904; PowerSGD r4 ε 0.73 → δ 0.47,
+    cosine 0.76, loss 0.3843; ACP-SGD r4 ε 0.85, cosine 0.38, loss 0.4011. The cosine is no
+    model of the loss (PowerSGD r2: cosine 0.64, loss 0.3784, one seed), but it ranks these
+    as training does, and ε did not. Passing it through ``ε`` keeps the estimates'
+    calibration (:func:`calibrated_errors`) as it is: a measured running figure is a running
+    figure whichever the quantity.
     """
     return math.sqrt(1.0 - as_efficiency(efficiency))
 
@@ -216,32 +217,33 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
       ``ε = exp(a) · rank^b`` fitted to those measurements (:func:`rank_fit`);
     - any other label of a :func:`family` that has run, by ``estimate ** k`` with ``k``
       (:func:`error_exponent`) from the family's latest measured label;
-    - a low-rank label of a family that has not run, by ``estimate ** k`` with ``k`` of the
-      latest low-rank label measured (ACP-SGD's and PowerSGD's exponents overlap, above);
-    - any other by its estimate. No prior exponent is assumed before anything has run: the
-      best case is optimistic on purpose, so the policy tries a candidate and measures it; a
-      pessimistic prior would keep it from ever running, and so from ever being measured.
+    - any other, a family that has not run included, by its estimate. No prior exponent is
+      assumed for a family before it has run: the best case is optimistic on purpose, so the
+      policy tries the family and measures it; a pessimistic prior would keep it from ever
+      running, and so from ever being measured. Until session 15 an unmeasured low-rank family
+      took the latest low-rank family's exponent (ACP-SGD's and PowerSGD's ranges overlap):
+      at 50 Mbit/s the policy's first pick, ACP-SGD r4, then priced PowerSGD r4 (the same
+      best-case estimate) as lossy as itself, so PowerSGD, the best fixed choice there, never
+      ran. Judged by its own best case it is tried within 3 s, and the cosine
+      (``compressors.quality.update_efficiency``) tells the two families apart once both ran.
     """
     if estimates is None and not measured:
         return None
     errors = measured_errors(measured)
     out = dict(estimates or {})
     exponents: dict[str, float] = {}
-    low_rank_exponent: float | None = None
     by_rank: dict[str, dict[int, float]] = {}
     for label, error in errors:  # latest last: its exponent wins
         exponent = error_exponent(out.get(label), error)
         rank = rank_of(label)
         if exponent is not None:
             exponents[family(label)] = exponent
-            if rank is not None:
-                low_rank_exponent = exponent
         if rank is not None:
             by_rank.setdefault(compressor_of(label), {})[rank] = error
     fits = {name: fit for name, points in by_rank.items() if (fit := rank_fit(points)) is not None}
     for label, estimate in list(out.items()):
         name, rank = compressor_of(label), rank_of(label)
-        exponent = exponents.get(family(label), low_rank_exponent if rank is not None else None)
+        exponent = exponents.get(family(label))
         if name in fits and rank is not None:
             a, b = fits[name]
             out[label] = min(1.0, math.exp(a + b * math.log(rank)))

@@ -74,8 +74,8 @@ class Telemetry(_Strict):
     #: (``compressors.quality.ErrorMeter``: one step, ACP-SGD's P- and Q-step pooled): what
     #: the job loses now.
     compression_error: float | None = Field(default=None, ge=0, le=1)
-    #: The share of an uncompressed step's first-order loss decrease the last measured steps
-    #: made, ⟨ū, ḡ⟩ / ‖ḡ‖² (``compressors.quality.update_efficiency``): what the adaptive
+    #: The cosine of the last measured steps' applied update with the fresh mean gradient,
+    #: ⟨ū, ḡ⟩ / (‖ū‖‖ḡ‖) (``compressors.quality.update_efficiency``): what the adaptive
     #: policy judges the running compressor by.
     update_efficiency: float | None = Field(default=None, ge=0, le=1)
     #: Every candidate's estimated relative error on a sample of this job's gradient

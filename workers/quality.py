@@ -94,7 +94,7 @@ class QualitySignal:
         return self.meter.group_last if self.meter.group_label == label else None
 
     def running_efficiency(self, label: str) -> float | None:
-        """The group's update efficiency η from the latest exchange if compressor ``label``
+        """The group's update efficiency (a cosine) from the latest exchange if compressor ``label``
         ran the steps it measured (``compressors.quality.update_efficiency``)."""
         return self.meter.group_efficiency if self.meter.group_label == label else None
 

@@ -293,11 +293,24 @@ def _exact_step(compressor, step: int) -> tuple[torch.Tensor, torch.Tensor, torc
     return x, x - buffer.double(), g
 
 
+def test_the_update_efficiency_is_the_cosine_of_the_applied_update_with_the_gradient():
+    """cos(x − lost, g): blind to the update's length, not to its direction; clamped to [0, 1];
+    None where either vector is 0."""
+    g = torch.tensor([3.0, 0.0, 4.0])
+    across = torch.tensor([0.0, 5.0, 0.0])  # orthogonal to g, as long
+    assert update_efficiency(g, torch.zeros(3), g) == pytest.approx(1.0)  # none: nothing lost
+    assert update_efficiency(0.5 * g, torch.zeros(3), g) == pytest.approx(1.0)  # half as long, same direction
+    assert update_efficiency(g + across, torch.zeros(3), g) == pytest.approx(1 / math.sqrt(2))  # paid-out residual
+    assert update_efficiency(g + across, across, g) == pytest.approx(1.0)  # the residual kept back
+    assert update_efficiency(-g, torch.zeros(3), g) == 0.0  # against the gradient
+    assert update_efficiency(g, g, g) is None and update_efficiency(g, torch.zeros(3), torch.zeros(3)) is None
+
+
 def test_acpsgd_is_measured_over_a_p_step_and_the_q_step_after_it_pooled():
     """ACP-SGD's P- and Q-steps lose different parts of the gradient: an exchange every odd
     number of steps would read one or the other by parity. The meter measures the last two
     steps before the exchange and pools them: ε = sqrt(Σ‖x − C(x)‖² / Σ‖x‖²) and
-    η = Σ⟨x − (x − C(x)), g⟩ / Σ‖g‖² over the pair: ε on the full tensors, η at the meter's
+    the cosine of Σ(x − (x − C(x))) with g over the pair: ε on the full tensors, the cosine at the meter's
     own coordinates (what the group's exchange sums)."""
     compressor = build("acpsgd", rank=2)
     meter = ErrorMeter(total_elements=sum(math.prod(s) for s in SHAPES.values()))
