@@ -47,6 +47,7 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.adaptive.scenarios import parse_label
     from benchmarks.compressor_cost import single_process_group
     from compressors import GradientSync, build
+    from compressors.quality import update_efficiency
     from workers.data import build_dataset, input_spec
     from workers.loaders import make_loader
     from workers.models import build_model
@@ -89,7 +90,7 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             update = flat({k: p.grad for k, p in model.named_parameters()})
             grad = update + e_new - e_old
             g_sq, along = float(grad @ grad), float(update @ grad)
-            cos_sq = along * along / (float(update @ update) * g_sq) if along > 0 else 0.0
+            cos_sq = (update_efficiency(grad + e_old, e_new, grad) or 0.0) ** 2  # x = g + e_old, lost = e_new
             figures.append((float(e_new.norm() / (grad + e_old).norm()), along / g_sq,
                             float(e_new.norm()) / g_sq ** 0.5, cos_sq))
             optimizer.step()

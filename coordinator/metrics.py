@@ -89,7 +89,8 @@ class CoordinatorMetrics:
             ["job", "compressor"], registry=r)
         self.update_efficiency = Gauge(
             "gradwire_update_efficiency", "Cosine of the running compressor's latest measured update with "
-            "the fresh mean gradient, <u, g> / (||u|| ||g||) (what the adaptive policy judges it by)", ["job", "compressor"], registry=r)
+            "the fresh mean gradient, <u, g> / (||u|| ||g||) (what the adaptive policy judges it by)",
+            ["job", "compressor"], registry=r)
         self.compression_error_estimate = Gauge(
             "gradwire_compression_error_estimate", "Each candidate's estimated relative compression "
             "error on a sample of the job's gradients (the adaptive policy's quality input)",

@@ -27,8 +27,9 @@ Algorithm of :func:`decide`:
    i.e. the candidate with the least *time per unit of progress* ``τ = step_s / δ`` wins
    (ties go to the less lossy one). Estimates are calibrated by what the running
    compressor really loses (``Measurements.running_efficiency``: the running choice's
-   measured update efficiency, the cosine of its update with the gradient, averaged per label in the state and judged as the error
-   whose contraction it is; :func:`planning.progress.calibrated_errors`). A lossy candidate with no error is not
+   measured update efficiency, the cosine of its update with the gradient, averaged per
+   label in the state and judged as the error whose contraction it is;
+   :func:`planning.progress.calibrated_errors`). A lossy candidate with no error is not
    chosen while other candidates have one; with no errors at all, ``τ`` is the step time
    (the policy of before the quality signal).
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
@@ -396,8 +397,8 @@ def _doubt_in_favour(m: Measurements, state: PolicyState) -> Measurements:
     averaged efficiency (``planning.progress.standard_error``).
 
     Why: a running choice's efficiency is an average of noisy samples (the first-order share
-    on the CNN scattered from 0.5 to 1 from one exchange to the next), and the other labels are judged by older
-    averages and by estimates calibrated from them. Within that noise the policy flapped
+    on the CNN scattered from 0.5 to 1 from one exchange to the next), and the other labels
+    are judged by older averages and by estimates calibrated from them. Within that noise the policy flapped
     between ranks whose time per progress lay 10-14 % apart, each move a gain above the
     threshold that the next samples took back. A switch must now gain the threshold beyond
     the incumbent's own uncertainty; a label measured once has none yet (the dwell guards it).

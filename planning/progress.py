@@ -13,9 +13,10 @@ Why this form and no fitted constant: a user should not tune anything per model,
 only per-model input, ``ε``, is measured (``compressors.quality``) on the job's own
 gradients. A choice that has run is judged by what it was measured to give: its update
 efficiency ``η``, the cosine of its applied update with the gradient
-(:func:`error_of_efficiency`), so ``δ = η`` for it. What it gives: at equal time the less lossy choice wins; ``none`` (ε = 0) wins
-wherever it is as fast; a low rank wins only where it buys more time than it loses steps
-(rank 4 at ε = 0.8 must be 2.8x faster than ``none`` to pay). It is a model: the benchmark
+(:func:`error_of_efficiency`), so ``δ = η`` for it. What it gives: at equal time the less
+lossy choice wins; ``none`` (ε = 0) wins wherever it is as fast; a low rank wins only where
+it buys more time than it loses steps (rank 4 at ε = 0.8 must be 2.8x faster than ``none``
+to pay). It is a model: the benchmark
 (``benchmarks/adaptive.py``) judges it by measured time to a target held-out loss.
 """
 

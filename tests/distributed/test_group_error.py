@@ -88,7 +88,8 @@ def test_the_group_error_is_the_mean_residual_over_the_mean_input(label):
     for measured, exact, _own, efficiency, exact_efficiency in ranks[0]:
         assert measured is not None and efficiency is not None and exact is not None and exact_efficiency is not None
         # Each tensor's coordinates are drawn with replacement (capped at its size here): the
-        # cosine's cross terms cancel, so its sampled figure scatters more than ε's (±0.08 seen).
+        # cross terms of ⟨ū, ḡ⟩ cancel, so its sampled figure scatters more than ε's (±0.08 seen
+        # for the first-order share ⟨ū, ḡ⟩/‖ḡ‖², the figure before the cosine).
         assert efficiency == pytest.approx(min(1.0, max(0.0, exact_efficiency)), abs=0.1)
         if label == "none":
             assert measured == 0.0 and exact == 0.0 and efficiency == pytest.approx(1.0, abs=1e-12)  # a cosine: round-off
