@@ -97,18 +97,26 @@ def record_running(measured: Measured, label: str, efficiency: float, weight: fl
     (optimistic), and one sampled η straying to 1 (the 1024-coordinate sample scatters ±0.08)
     would enter as a lossless report, error 0, where in ``δ`` it is one report a little high.
 
-    A low-rank label's change also moves the other low-rank labels' averages by the same
-    factor of their errors (capped at 1). Their errors move together as training changes the
-    gradient's spectrum: in the CNN's steady-slow run every rank's error rose 1.3-1.4x over
-    12 s. A measurement kept as it was taken would look better and better beside the fresh one
+    A low-rank label's change also scales the other low-rank labels' averaged efficiencies by
+    the same factor (capped at 1). Their efficiencies move together as training changes the
+    gradient: in the CNN's steady-slow runs PowerSGD r4's cosine fell from 0.86 to 0.64 over
+    10 s. A measurement kept as it was taken would look better and better beside the fresh one
     of the running rank, and the policy went back to stale ranks every dwell. Casts, top-k and
     sign neither give nor take this drift (a cast's tiny error says nothing about the spectrum).
+
+    Why the factor scales ``δ`` and not the error ``√(1 − δ)`` (as until session 16): a
+    multiplied error saturates at 1. In two steady-slow seeds that fall of PowerSGD r4's cosine
+    (its error 0.38 → 0.60, 1.6x) took ACP-SGD r4's error from 0.65 to 1: efficiency 0, the
+    family's exponent undefined, and ACP-SGD r8 fell back to its best-case estimate (0.08-0.16)
+    and was chosen, 7.6 s and 12.8 s into the run. Scaled in ``δ`` the same fall leaves ACP-SGD
+    r4 at δ 0.58 · 0.75 = 0.43 (error 0.75): the two labels keep the ratio of worth per step
+    they were measured at, which is all the policy compares (``τ = step_s / δ``).
     """
     efficiency = as_efficiency(efficiency)
     previous = dict(measured).get(label)
     value = efficiency if previous is None else previous + weight * (efficiency - previous)
-    drift = _error_drift(previous, value) if rank_of(label) is not None else 1.0
-    return tuple((k, _drifted(v, drift) if rank_of(k) is not None else v) for k, v in measured
+    drift = _efficiency_drift(previous, value) if rank_of(label) is not None else 1.0
+    return tuple((k, min(1.0, v * drift) if rank_of(k) is not None else v) for k, v in measured
                  if k != label) + ((label, value),)
 
 
@@ -140,17 +148,12 @@ def standard_error(spread: Spread, label: str) -> float:
     return math.sqrt(variance * weights)
 
 
-def _error_drift(previous: float | None, value: float) -> float:
-    """How much the error of an averaged efficiency moved (1 for a first report or from 0)."""
-    if previous is None:
+def _efficiency_drift(previous: float | None, value: float) -> float:
+    """The factor an averaged efficiency moved by: ``value / previous`` (1 for a first report,
+    and when either is 0: a factor of 0 would judge every other rank lossless-never for good)."""
+    if previous is None or previous <= 0 or value <= 0:
         return 1.0
-    before = error_of_efficiency(previous)
-    return error_of_efficiency(value) / before if before > 0 else 1.0
-
-
-def _drifted(efficiency: float, drift: float) -> float:
-    """An efficiency whose error is multiplied by ``drift`` (the error capped at 1)."""
-    return contraction(min(1.0, error_of_efficiency(efficiency) * drift))
+    return value / previous
 
 
 def measured_errors(measured: Measured) -> tuple[tuple[str, float], ...]:
@@ -194,9 +197,14 @@ def rank_fit(points: Mapping[int, float]) -> tuple[float, float] | None:
 
 def error_exponent(estimate: float | None, running: float) -> float | None:
     """``k`` with ``running = estimate ** k``: how far error feedback and a warm start move a
-    compressor's error from the best case towards 1 (None unless both lie in (0, 1))."""
-    if estimate is None or not 0 < estimate < 1 or not 0 < running < 1:
+    compressor's error from the best case towards 1. None unless the estimate lies in (0, 1)
+    and the running error above 0; 0 for a running error of 1 (the limit of ``k`` as the
+    running error nears 1: every rank of the family is then judged to lose everything; until
+    session 16 this was None, and the family fell from its worst case to its best case)."""
+    if estimate is None or not 0 < estimate < 1 or not running > 0:
         return None
+    if running >= 1:
+        return 0.0
     return math.log(running) / math.log(estimate)
 
 

@@ -158,7 +158,9 @@ def test_estimates_are_calibrated_by_the_exponent_of_a_measured_label():
     assert judged["acpsgd-r4"] == pytest.approx(0.35 ** k)  # 0.83: a ratio (4.3x) would say 1.0
     assert judged["powersgd-r8"] == 0.17  # a family that has not run: its best case, so it is tried
     assert judged["topk-0.01"] == 0.85 and judged["none"] == 0.0  # not low-rank: its own estimate
-    assert error_exponent(0.0, 0.5) is None and error_exponent(0.2, 1.0) is None and error_exponent(None, 0.5) is None
+    assert error_exponent(0.0, 0.5) is None and error_exponent(None, 0.5) is None and error_exponent(0.2, 0.0) is None
+    assert error_exponent(0.2, 1.0) == 0.0  # the limit: the family is judged to lose everything, not its best case
+    assert calibrated_errors(estimates, (("acpsgd-r8", 0.0),))["acpsgd-r4"] == 1.0
 
 
 def test_once_two_ranks_ran_the_others_are_judged_by_the_power_law_fitted_to_them():
@@ -186,29 +188,45 @@ def test_once_two_ranks_ran_the_others_are_judged_by_the_power_law_fitted_to_the
     assert two["topk-0.01"] == 0.9  # not low-rank: untouched
 
 
-def test_the_running_ranks_drift_moves_the_other_ranks_measurements_with_it():
-    """Stale measurements would look better and better beside the running rank's fresh one."""
-    from planning.progress import measured_errors, record_running
+def test_the_running_ranks_drift_scales_the_other_ranks_efficiencies_with_it():
+    """Stale measurements would look better and better beside the running rank's fresh one:
+    a low-rank label's averaged efficiency δ scales the other low-rank labels' by its factor."""
+    from planning.progress import record_running
 
-    def errors(measured):
-        return dict(measured_errors(measured))
+    measured = record_running((), "powersgd-r4", 0.75)
+    measured = record_running(measured, "fp16", 0.99)
+    measured = record_running(measured, "topk-0.01", 0.2)
+    measured = record_running(measured, "acpsgd-r8", 0.6)
+    measured = record_running(measured, "acpsgd-r8", 0.2)  # averaged: 0.6 - 0.3 * 0.4 = 0.48
+    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.48)
+    assert dict(measured)["powersgd-r4"] == pytest.approx(0.75 * 0.8)  # scaled with it (0.48 / 0.6)
+    assert dict(measured)["fp16"] == 0.99 and dict(measured)["topk-0.01"] == 0.2  # not low-rank: untouched
+    measured = record_running(measured, "powersgd-r16", 0.9)  # a first report moves nothing
+    assert dict(measured)["powersgd-r4"] == pytest.approx(0.6)
+    measured = record_running(measured, "acpsgd-r8", 1.0)  # 0.48 + 0.3 * 0.52 = 0.636: up by 1.325
+    assert dict(measured)["powersgd-r4"] == pytest.approx(0.6 * 0.636 / 0.48)
+    assert dict(measured)["powersgd-r16"] == 1.0  # 0.9 * 1.325, capped
+    measured = record_running(measured, "fp16", 0.5)  # a cast's drift moves nothing
+    assert dict(measured)["powersgd-r4"] == pytest.approx(0.795)
 
-    measured = record_running((), "powersgd-r4", contraction(0.5))
-    measured = record_running(measured, "fp16", contraction(0.0002))
-    measured = record_running(measured, "topk-0.01", contraction(0.9))
-    measured = record_running(measured, "acpsgd-r8", contraction(0.6))  # δ 0.64
-    measured = record_running(measured, "acpsgd-r8", contraction(0.9))  # δ 0.19; averaged: 0.505
-    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.505)
-    drift = math.sqrt(0.495) / 0.6  # its error went from 0.6 to 0.7036: 1.17x
-    assert errors(measured)["powersgd-r4"] == pytest.approx(0.5 * drift)  # moved with it
-    assert errors(measured)["fp16"] == pytest.approx(0.0002) and errors(measured)["topk-0.01"] == pytest.approx(0.9)
-    measured = record_running(measured, "acpsgd-r8", 0.0)
-    measured = record_running(measured, "powersgd-r16", contraction(0.1))  # a first report moves nothing
-    # acpsgd-r8's error went from √0.495 to √0.6465: powersgd-r4's with it (0.5 · 1.17 · 1.143)
-    assert errors(measured)["powersgd-r4"] == pytest.approx(0.5 * drift * math.sqrt(0.6465 / 0.495))
-    assert dict(measured)["acpsgd-r8"] == pytest.approx(0.3535)
-    measured = record_running(measured, "fp16", contraction(0.0004))  # a cast's drift (2x) moves nothing
-    assert errors(measured)["powersgd-r16"] == pytest.approx(0.1)
+
+def test_a_falling_running_efficiency_leaves_a_stale_family_calibrated_not_at_its_best_case():
+    """Steady-slow, seed 2 (session 16): PowerSGD r4's cosine fell from 0.86 to 0.64 while
+    ACP-SGD r4's measurement (0.58) was stale. Scaling errors took ACP-SGD r4's to 1, its
+    family lost its exponent, and ACP-SGD r8 was judged by its best case (0.078) and chosen;
+    scaled in δ, ACP-SGD r4 keeps its ratio to PowerSGD r4 and r8 stays calibrated."""
+    from planning.progress import calibrated_errors, record_running
+
+    measured = record_running((), "acpsgd-r4", 0.578)
+    measured = record_running(measured, "powersgd-r4", 0.858)
+    for sample in (0.75, 0.65, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35):
+        measured = record_running(measured, "powersgd-r4", sample)
+    ratio = dict(measured)["powersgd-r4"] / 0.858
+    assert ratio < 0.62
+    assert dict(measured)["acpsgd-r4"] == pytest.approx(0.578 * ratio)  # δ 0.30 (error 0.84), not 0 (error 1)
+    judged = calibrated_errors({"acpsgd-r4": 0.249, "acpsgd-r8": 0.078, "powersgd-r4": 0.249}, measured)
+    assert judged["acpsgd-r8"] > 0.5  # its best case is 0.078
+    assert judged["acpsgd-r8"] < judged["acpsgd-r4"] < 1.0
 
 
 def test_the_efficiency_is_averaged_so_a_sample_straying_to_one_is_not_read_as_lossless():
