@@ -148,6 +148,12 @@ def standard_error(spread: Spread, label: str) -> float:
     return math.sqrt(variance * weights)
 
 
+def standard_error_weight(spread: Spread, label: str) -> float:
+    """``Σ wᵢ²`` of ``label``'s averaged efficiency: 1 after its first sample (and for a label
+    not measured), below 1 once more than one sample is averaged."""
+    return next((s for k, _, s in spread if k == label), 1.0)
+
+
 def _efficiency_drift(previous: float | None, value: float) -> float:
     """The factor an averaged efficiency moved by: ``value / previous`` (1 for a first report,
     and when either is 0: a factor of 0 would judge every other rank lossless-never for good)."""

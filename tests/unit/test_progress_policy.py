@@ -439,3 +439,53 @@ def test_an_estimate_is_wanted_when_the_current_choice_fails_the_guard_on_any_li
     assert estimates_can_matter(measure(GBIT10, make_spec("none")), only_acpsgd)
     verdict, _ = decide(PolicyState(), measure(GBIT10, make_spec("none")), only_acpsgd, 100.0)
     assert isinstance(verdict, Switch) and verdict.spec.name == "acpsgd"
+
+
+def _trial_run(name: str, measured_before: float | None):
+    """PowerSGD r4 runs (δ 0.8); ``name``'s candidates are estimated at error 0.05 (and judged
+    at ``measured_before`` if given). The policy switches to one of them, which then measures
+    δ 0.4, 0.42 and 0.41."""
+    from planning.link_smoothing import LinkAverage
+
+    cfg = PolicyConfig(allowed=("powersgd", name), critical_initial_steps=0, min_dwell_s=30.0)
+    others = [s.label for s in candidates((name,), cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
+    estimates = {label: 0.05 for label in others} | {"powersgd-r4": 0.3}
+    measured = (("powersgd-r4", 0.8),)
+    if measured_before is not None:
+        measured = tuple((label, measured_before) for label in others) + measured
+    state = PolicyState(link=LinkAverage(MBIT50, LATENCY, 0.0), measured=measured)
+    powersgd = make_spec("powersgd", rank=4)
+
+    def report(current, running, efficiency, now):
+        m = Measurements(MBIT50, LATENCY, WORKERS, PROFILE, current, errors=estimates, running=running,
+                         running_efficiency=None if efficiency is None else (running, efficiency), step=1000)
+        return decide(state, m, cfg, now)
+
+    first, state = report(powersgd, "powersgd-r4", None, 100.0)
+    assert isinstance(first, Switch) and first.spec.name == name, first
+    trial = first.spec
+    verdicts = []
+    for now, efficiency in ((101.0, 0.4), (101.5, 0.42), (102.0, 0.41)):
+        verdict, state = report(trial, trial.label, efficiency, now)
+        verdicts.append(verdict)
+    return trial, verdicts
+
+
+def test_a_trial_on_an_estimate_that_measures_worse_ends_before_its_dwell():
+    """Switched to on its best-case estimate, the ACP-SGD rank measures δ 0.4: after its second
+    measurement (one sample scatters too much to judge) the policy goes back to PowerSGD r4,
+    28 s before the dwell would have let it."""
+    trial, (after_one, after_two, _) = _trial_run("acpsgd", None)
+    assert isinstance(after_one, Keep) and "min dwell" in after_one.reason
+    assert isinstance(after_two, Switch) and after_two.spec.label == "powersgd-r4"
+    assert f"{trial.label} was chosen on an estimate and two exchanges have measured it" in after_two.reason
+
+
+def test_a_choice_made_on_its_own_measurement_is_held_by_the_dwell():
+    """The same fall after a switch to a top-k ratio that had been measured (δ 0.99) before: no
+    trial, the dwell holds it (two measured labels cannot flap). Top-k, not a low rank: a low
+    rank's fall would scale PowerSGD r4's measurement with it (``record_running``)."""
+    trial, verdicts = _trial_run("topk", 0.99)
+    assert all(isinstance(v, Keep) for v in verdicts) and "min dwell" in verdicts[-1].reason, verdicts
+    trial_too, (_, after_two, _) = _trial_run("topk", None)
+    assert trial_too == trial and isinstance(after_two, Switch)  # unmeasured, the same run ends early
