@@ -413,7 +413,9 @@ def _trial_measured(state: PolicyState, label: str) -> bool:
     first pick. One sample is not enough (the CNN's sampled efficiency scatters 0.5-0.9 from
     one exchange to the next; with one sample the doubt has no spread to give). The dwell
     still holds every choice that was measured when it was made, so two measured labels cannot
-    flap."""
+    flap. "Two exchanges": ``AdaptiveController._once`` folds each decision exchange's
+    figures once; a caller of :func:`decide` that passes a figure per report (the paper-scale
+    replay) ends a trial after two reports."""
     return state.trial == label and standard_error_weight(state.spread, label) < 1.0
 
 

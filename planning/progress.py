@@ -98,7 +98,7 @@ def record_running(measured: Measured, label: str, efficiency: float, weight: fl
     would enter as a lossless report, error 0, where in ``δ`` it is one report a little high.
 
     A low-rank label's change also scales the other low-rank labels' averaged efficiencies by
-    the same factor (capped at 1). Their efficiencies move together as training changes the
+    the same factor (within ``MAX_DRIFT`` per report, and not above ``MAX_SCALED_EFFICIENCY``). Their efficiencies move together as training changes the
     gradient: in the CNN's steady-slow runs PowerSGD r4's cosine fell from 0.86 to 0.64 over
     10 s. A measurement kept as it was taken would look better and better beside the fresh one
     of the running rank, and the policy went back to stale ranks every dwell. Casts, top-k and
@@ -116,7 +116,7 @@ def record_running(measured: Measured, label: str, efficiency: float, weight: fl
     previous = dict(measured).get(label)
     value = efficiency if previous is None else previous + weight * (efficiency - previous)
     drift = _efficiency_drift(previous, value) if rank_of(label) is not None else 1.0
-    return tuple((k, min(1.0, v * drift) if rank_of(k) is not None else v) for k, v in measured
+    return tuple((k, _scaled(v, drift) if rank_of(k) is not None else v) for k, v in measured
                  if k != label) + ((label, value),)
 
 
@@ -154,12 +154,29 @@ def standard_error_weight(spread: Spread, label: str) -> float:
     return next((s for k, _, s in spread if k == label), 1.0)
 
 
+#: The most one report's drift moves another label's efficiency, either way: an average
+#: weighted ``RUNNING_WEIGHT`` falls by at most this factor per report, and a rise is held to
+#: the same (from an average near 0 a factor is unbounded: 0.02 → 0.16 would be 8x).
+MAX_DRIFT = 1.0 / (1.0 - RUNNING_WEIGHT)
+
+#: A scaled efficiency stays below this unless it was measured higher: scaled to 1 a stale
+#: label would be judged lossless (error 0), which no measurement said.
+MAX_SCALED_EFFICIENCY = 0.99
+
+
 def _efficiency_drift(previous: float | None, value: float) -> float:
-    """The factor an averaged efficiency moved by: ``value / previous`` (1 for a first report,
-    and when either is 0: a factor of 0 would judge every other rank lossless-never for good)."""
+    """The factor an averaged efficiency moved by, ``value / previous`` held within
+    ``[1 / MAX_DRIFT, MAX_DRIFT]`` (1 for a first report, and when either is 0: a factor of 0
+    would judge every other rank worthless for good)."""
     if previous is None or previous <= 0 or value <= 0:
         return 1.0
-    return value / previous
+    return min(MAX_DRIFT, max(1.0 / MAX_DRIFT, value / previous))
+
+
+def _scaled(efficiency: float, drift: float) -> float:
+    """A stale low-rank label's efficiency scaled by the running label's drift, kept below
+    ``MAX_SCALED_EFFICIENCY`` unless it already was above it."""
+    return min(efficiency * drift, max(efficiency, MAX_SCALED_EFFICIENCY))
 
 
 def measured_errors(measured: Measured) -> tuple[tuple[str, float], ...]:

@@ -160,7 +160,8 @@ def test_estimates_are_calibrated_by_the_exponent_of_a_measured_label():
     assert judged["topk-0.01"] == 0.85 and judged["none"] == 0.0  # not low-rank: its own estimate
     assert error_exponent(0.0, 0.5) is None and error_exponent(None, 0.5) is None and error_exponent(0.2, 0.0) is None
     assert error_exponent(0.2, 1.0) == 0.0  # the limit: the family is judged to lose everything, not its best case
-    assert calibrated_errors(estimates, (("acpsgd-r8", 0.0),))["acpsgd-r4"] == 1.0
+    lost = calibrated_errors({**estimates, "acpsgd-r16": 0.08}, (("acpsgd-r8", 0.0),))
+    assert lost["acpsgd-r16"] == 1.0  # a higher rank too: by the exponent 0, not by the order of the ranks
 
 
 def test_once_two_ranks_ran_the_others_are_judged_by_the_power_law_fitted_to_them():
@@ -205,9 +206,13 @@ def test_the_running_ranks_drift_scales_the_other_ranks_efficiencies_with_it():
     assert dict(measured)["powersgd-r4"] == pytest.approx(0.6)
     measured = record_running(measured, "acpsgd-r8", 1.0)  # 0.48 + 0.3 * 0.52 = 0.636: up by 1.325
     assert dict(measured)["powersgd-r4"] == pytest.approx(0.6 * 0.636 / 0.48)
-    assert dict(measured)["powersgd-r16"] == 1.0  # 0.9 * 1.325, capped
+    assert dict(measured)["powersgd-r16"] == 0.99  # 0.9 * 1.325, held below lossless
     measured = record_running(measured, "fp16", 0.5)  # a cast's drift moves nothing
     assert dict(measured)["powersgd-r4"] == pytest.approx(0.795)
+    jump = record_running((("acpsgd-r8", 0.02), ("powersgd-r4", 0.3)), "acpsgd-r8", 0.5)  # 0.02 -> 0.164
+    assert dict(jump)["powersgd-r4"] == pytest.approx(0.3 / 0.7)  # moved by 1/0.7 at most, not by 8.2
+    high = record_running((("acpsgd-r8", 0.5), ("powersgd-r4", 0.995)), "acpsgd-r8", 1.0)
+    assert dict(high)["powersgd-r4"] == 0.995  # measured above the hold: not lowered to it
 
 
 def test_a_falling_running_efficiency_leaves_a_stale_family_calibrated_not_at_its_best_case():
