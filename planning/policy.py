@@ -425,9 +425,9 @@ def _doubt_in_favour(m: Measurements, state: PolicyState) -> Measurements:
 
     Why: a running choice's efficiency is an average of noisy samples (the first-order share
     on the CNN scattered from 0.5 to 1 from one exchange to the next), and the other labels
-    are judged by older averages and by estimates calibrated from them. Within that noise the policy flapped
-    between ranks whose time per progress lay 10-14 % apart, each move a gain above the
-    threshold that the next samples took back. A switch must now gain the threshold beyond
+    are judged by older averages and by estimates calibrated from them. Within that noise the
+    policy flapped between ranks whose time per progress lay 10-14 % apart, each move a gain
+    above the threshold that the next samples took back. A switch must now gain the threshold beyond
     the incumbent's own uncertainty; a label measured once has none yet (the dwell guards it).
     """
     label = m.current.label

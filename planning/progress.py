@@ -98,9 +98,9 @@ def record_running(measured: Measured, label: str, efficiency: float, weight: fl
     would enter as a lossless report, error 0, where in ``δ`` it is one report a little high.
 
     A low-rank label's change also scales the other low-rank labels' averaged efficiencies by
-    the same factor (within ``MAX_DRIFT`` per report, and not above ``MAX_SCALED_EFFICIENCY``). Their efficiencies move together as training changes the
-    gradient: in the CNN's steady-slow runs PowerSGD r4's cosine fell from 0.86 to 0.64 over
-    10 s. A measurement kept as it was taken would look better and better beside the fresh one
+    the same factor (within ``MAX_DRIFT`` per report, and not above ``MAX_SCALED_EFFICIENCY``).
+    Their efficiencies move together as training changes the gradient: in the CNN's
+    steady-slow runs PowerSGD r4's cosine fell from 0.86 to 0.64 over 10 s. A measurement kept as it was taken would look better and better beside the fresh one
     of the running rank, and the policy went back to stale ranks every dwell. Casts, top-k and
     sign neither give nor take this drift (a cast's tiny error says nothing about the spectrum).
 
@@ -132,7 +132,7 @@ def record_spread(spread: Spread, measured: Measured, label: str, efficiency: fl
     :func:`standard_error` is right from the second sample on. A label's first report: (0, 1)."""
     efficiency = as_efficiency(efficiency)
     previous_mean = dict(measured).get(label)
-    variance, weights = next(((v, s) for k, v, s in spread if k == label), (0.0, 0.0))
+    variance, weights = _spread_of(spread, label) or (0.0, 0.0)
     if previous_mean is None:
         variance, weights = 0.0, 1.0
     else:
@@ -144,14 +144,20 @@ def record_spread(spread: Spread, measured: Measured, label: str, efficiency: fl
 def standard_error(spread: Spread, label: str) -> float:
     """Standard error of ``label``'s averaged efficiency: ``√(v · Σ wᵢ²)``, the spread of a
     weighted average of samples of variance ``v`` (0 for a label not measured)."""
-    variance, weights = next(((v, s) for k, v, s in spread if k == label), (0.0, 0.0))
+    variance, weights = _spread_of(spread, label) or (0.0, 0.0)
     return math.sqrt(variance * weights)
 
 
 def standard_error_weight(spread: Spread, label: str) -> float:
     """``Σ wᵢ²`` of ``label``'s averaged efficiency: 1 after its first sample (and for a label
     not measured), below 1 once more than one sample is averaged."""
-    return next((s for k, _, s in spread if k == label), 1.0)
+    entry = _spread_of(spread, label)
+    return 1.0 if entry is None else entry[1]
+
+
+def _spread_of(spread: Spread, label: str) -> tuple[float, float] | None:
+    """``label``'s (variance of its samples, Σ of its average's squared weights), or None."""
+    return next(((v, s) for k, v, s in spread if k == label), None)
 
 
 #: The most one report's drift moves another label's efficiency, either way: an average
