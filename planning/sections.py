@@ -278,6 +278,11 @@ class CheckpointConfig(_Section):
     every: int | None = Field(default=None, ge=0, le=10_000_000)
     #: Restarts of the worker group a job survives (-1: any number; 0: the first crash fails it).
     max_failures: int = Field(default=DEFAULT_MAX_FAILURES, ge=-1, le=1000)
+    #: Checkpoints a Ray run keeps in its storage, the latest ones (Ray Train's ``num_to_keep``);
+    #: None: every one. Two by default: a restart needs only the latest, and each kept one costs
+    #: a copy of the model and optimizer; keep more to evaluate the run's checkpoints afterwards
+    #: (``benchmarks.adaptive --cluster`` keeps every one for its held-out curve).
+    keep: int | None = Field(default=2, ge=1, le=100_000)
 
     def interval(self, total_steps: int) -> int:
         """Steps between checkpoints for a run of ``total_steps`` (0: none but the final one)."""

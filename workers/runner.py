@@ -86,7 +86,7 @@ def run_job(
             name=name,
             storage_path=storage,
             failure_config=ray.train.FailureConfig(max_failures=config.checkpoints.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=config.checkpoints.keep),
             worker_runtime_env=worker_env,
         ),
     )

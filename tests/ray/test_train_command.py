@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from coordinator.cli import app
 from planning.protocol import ALL_PHASES
+from workers.checkpoint import read_meta
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "mlp-digits.yaml"
@@ -39,11 +40,15 @@ def test_train_on_ray_shows_progress_and_writes_the_summary(ray_session, tmp_pat
     out = tmp_path / "summary.json"
     result = runner.invoke(app, [
         "train", str(EXAMPLE), "--steps", "40", "--compressor", "powersgd", "--rank", "2",
-        "--checkpoint-every", "20", "--set", "report_interval_s=0.05", "--storage-path", str(tmp_path / "runs"),
-        "--summary", str(out)], catch_exceptions=False)
+        "--checkpoint-every", "10", "--set", "checkpoints.keep=3", "--set", "report_interval_s=0.05",
+        "--storage-path", str(tmp_path / "runs"), "--summary", str(out)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     summary = check_summary(out, steps=40, compressor="powersgd", compressor_rank=2)
-    assert Path(summary["checkpoint_path"]).is_dir()
+    latest = Path(summary["checkpoint_path"])
+    assert latest.is_dir()
+    # checkpoints at steps 10, 20, 30 and 40; `checkpoints.keep` 3 keeps the latest three
+    kept = sorted(int(read_meta(d)["step"]) for d in latest.parent.glob("checkpoint_*") if d.is_dir())
+    assert kept == [20, 30, 40]
 
     bar = next(line for line in result.output.splitlines() if "40/40" in line)
     assert "powersgd r2" in bar and "loss –" not in bar  # the live bar was fed by rank 0's reports
