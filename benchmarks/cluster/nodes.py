@@ -84,6 +84,8 @@ class Cluster:
     mbit: float = 1000.0
     keep_workdir: bool = False
     workdir: Path | None = None
+    #: The coordinator keeps a job's report in its history at most this often (seconds).
+    history_interval_s: float = 0.5
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     _tb: Testbed | None = field(default=None, repr=False)
     _mgmt_prefix: str = ""
@@ -220,6 +222,13 @@ class Cluster:
         self._ray.pop(node, None)
         return pids
 
+    def own_pids(self) -> list[int]:
+        """Every process running in the cluster's namespaces (Ray nodes and workers, the
+        coordinator, Prometheus): a measurement's own load, not foreign
+        (``benchmarks.machine.foreign_load(..., own_pids=cluster.own_pids)``)."""
+        tb = self._tb
+        return [] if tb is None else [pid for node in range(self.nodes) for pid in pids_in(tb.namespace(node))]
+
     def set_rate(self, mbit: float, node: int | None = None) -> None:
         """Every link's rate, or only node ``node``'s link (both directions)."""
         self.testbed.set_rate(mbit, host=node)
@@ -254,7 +263,7 @@ class Cluster:
             "GRADWIRE_TOKEN": self.token, "GRADWIRE_RAY_ADDRESS": self.ray_address,
             "GRADWIRE_PUBLIC_URL": f"http://{self.address(0)}:{COORDINATOR_PORT}",
             "GRADWIRE_DATA_DIR": str(self.workdir / "coordinator"), "GRADWIRE_STORAGE_PATH": str(self.workdir / "runs"),
-            "GRADWIRE_HISTORY_INTERVAL_S": "0.5", "GRADWIRE_HISTORY_MAX_ROWS": "20000",
+            "GRADWIRE_HISTORY_INTERVAL_S": str(self.history_interval_s), "GRADWIRE_HISTORY_MAX_ROWS": "20000",
             "GRADWIRE_METRICS_GRACE_S": "3600", "OMP_NUM_THREADS": "1",
         }
         log_path = self.workdir / "coordinator.log"

@@ -113,7 +113,7 @@ def scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print) -> di
     """:func:`run_scenario` plus what Prometheus saw, whether the ranks agreed and the
     machine's foreign load; the document of ``scenario --json-out``."""
     load: dict[str, float] = {}
-    with foreign_load(load):
+    with foreign_load(load, own_pids=cluster.own_pids):  # the cluster's processes are the scenario's own
         doc = run_scenario(cluster, opts, log=log)
     end = time.time() + 3  # one more scrape after the job ended
     time.sleep(3)
