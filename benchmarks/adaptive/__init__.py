@@ -3,9 +3,11 @@
 Why: what a user wants from adaptive compression is the shortest time to a given model
 quality on a network they do not know in advance, without tuning a rank per model. This
 benchmark runs the same two-worker job (one worker per network namespace of
-:mod:`benchmarks.testbed`: local processes, not a Ray cluster) once with each fixed
-compressor and once with the adaptive policy at its DEFAULT bounds (every compressor, ranks
-1..64; rank 0's in-process policy, no coordinator), in each scenario of :data:`SCENARIOS`:
+:mod:`benchmarks.testbed`: local processes, rank 0's in-process policy; or, with
+``--cluster``, a job submitted over REST to the coordinator of the emulated 2-node Ray
+cluster of :mod:`benchmarks.cluster`, the policy in the coordinator, see :mod:`.on_cluster`)
+once with each fixed compressor and once with the adaptive policy at its DEFAULT bounds
+(every compressor, ranks 1..64), in each scenario of :data:`SCENARIOS`:
 steady fast (1000 Mbit/s), steady slow (50 Mbit/s), fast->slow->fast, and oscillating with
 a period near the policy's dwell.
 
@@ -41,7 +43,7 @@ driver follows rank 0's telemetry and changes the rate when a report shows the p
 step done, so every run does the same work under each rate.
 
 The machine is shared: every run records the cores other processes kept busy meanwhile
-(``foreign_cores``) and is repeated once when that exceeded :data:`BUSY_CORES`; the run with
+(``foreign_cores``; with ``--cluster`` the cluster's own processes are not foreign) and is repeated once when that exceeded :data:`BUSY_CORES`; the run with
 the least foreign load is kept (``foreign_cores_runs`` lists every attempt's).
 
 JSON (``--json-out``)::
@@ -60,7 +62,8 @@ JSON (``--json-out``)::
 Needs root (network namespaces); every timed run holds ``/tmp/gradwire-bench.lock``.
 
 Modules: :mod:`.scenarios` (scenarios, schedules, the shared job), :mod:`.jobs` (one job on the
-testbed, the ranks' entry, held-out evaluation), :mod:`.results` (times to target, verdicts),
+testbed, the ranks' entry, held-out evaluation), :mod:`.on_cluster` (one job through the
+cluster's coordinator, imported only with ``--cluster``), :mod:`.results` (times to target, verdicts),
 :mod:`.report` (plot, markdown), :mod:`.cli` (the command); the names below are the package's
 public interface. The lock, the quiet-wait and the foreign load are :mod:`benchmarks.machine`'s.
 """

@@ -9,10 +9,11 @@ import os
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
-from benchmarks.adaptive.jobs import HeldOut, JobRun, rank_entry, run_job
+from benchmarks.adaptive.jobs import Backend, HeldOut, JobRun, LocalBackend, rank_entry
 from benchmarks.adaptive.report import markdown, plot
 from benchmarks.adaptive.results import (
     combine_repeats,
@@ -50,32 +51,32 @@ def compression_of(choice: str, args: argparse.Namespace) -> dict[str, Any]:
     return fixed_compression(choice)
 
 
-def run_choice(tb: Testbed, args: argparse.Namespace, choice: str, phases: Sequence[Phase], workdir: Path,
+def run_choice(backend: Backend, args: argparse.Namespace, choice: str, phases: Sequence[Phase], workdir: Path,
                held_out: HeldOut) -> tuple[JobRun, list[tuple[int, float]], list[float]]:
     """One run under the lock, repeated once if other users kept the machine busy; the run
     with the least foreign load is kept. Returns it, its held-out curve and every load seen."""
     loads: list[float] = []
-    kept: tuple[JobRun, Path] | None = None
+    kept: JobRun | None = None
     for attempt in range(1 + args.busy_repeats):
         cfg = train_config(args, compression_of(choice, args), sum(p.steps for p in phases), checkpoint_every=EVAL_EVERY)
         load: dict[str, float] = {}
         workdir_attempt = workdir / f"{choice}-{attempt}"
         with bench_lock():
-            wait_for_quiet(args.max_wait_quiet_s)
-            with foreign_load(load):
-                run = run_job(tb, cfg, phases, workdir_attempt, label=choice, evaluate=False)
+            wait_for_quiet(args.max_wait_quiet_s, own_pids=backend.own_pids)
+            with foreign_load(load, own_pids=backend.own_pids):
+                run = backend.run(cfg, phases, workdir_attempt, label=choice)
         run.foreign_cores = load.get("foreign_cores")
         loads.append(run.foreign_cores or 0.0)
-        if kept is None or (run.foreign_cores or 0.0) < (kept[0].foreign_cores or 0.0):
-            kept = (run, workdir_attempt)
+        if kept is None or (run.foreign_cores or 0.0) < (kept.foreign_cores or 0.0):
+            kept = run
         if (run.foreign_cores or 0.0) <= BUSY_CORES or attempt == args.busy_repeats:
             break
         print(f"[adaptive] {choice}: foreign load {run.foreign_cores} cores > {BUSY_CORES}: repeating", flush=True)
-    assert kept is not None
-    return kept[0], held_out.curve(kept[1] / "checkpoints"), loads
+    assert kept is not None and kept.checkpoint is not None
+    return kept, held_out.curve(kept.checkpoint.parent), loads
 
 
-def run_scenario(tb: Testbed, args: argparse.Namespace, name: str, workdir: Path) -> dict[str, Any]:
+def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir: Path) -> dict[str, Any]:
     """Every choice once per seed (and repeat), ``none`` first: its curve sets that seed's target.
 
     Why several seeds: one seed's trajectory decides the outcome near the target. On seed 0 fp16,
@@ -92,7 +93,7 @@ def run_scenario(tb: Testbed, args: argparse.Namespace, name: str, workdir: Path
         held_out = HeldOut(train_config(seeded, fixed_compression("none"), steps), HELD_OUT_SAMPLES)
         for repeat in range(args.repeats):
             for choice in order:
-                run, curve, loads = run_choice(tb, seeded, choice, phases, workdir / name / f"seed{seed}-repeat{repeat}",
+                run, curve, loads = run_choice(backend, seeded, choice, phases, workdir / name / f"seed{seed}-repeat{repeat}",
                                                held_out)
                 result = run_result(run, phases, curve)
                 result["seed"] = seed
@@ -163,6 +164,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--merge-only", action="store_true",
                         help="measure nothing: write the --include files' scenarios as one result")
     parser.add_argument("--keep", type=Path, default=None, help="keep every run's telemetry, checkpoints and logs here")
+    parser.add_argument("--cluster", action="store_true",
+                        help="run each job over REST through the coordinator of an emulated 2-node Ray cluster "
+                             "(benchmarks.cluster) instead of two local processes")
     args = parser.parse_args(argv)
     chosen: dict[str, str] = {}
     for item in args.scenario or (QUICK_SCENARIOS if args.quick else SCENARIOS):
@@ -197,6 +201,23 @@ def write_results(args: argparse.Namespace, doc: dict[str, Any], table: str) -> 
     return args.plot or (args.json_out.with_suffix(".png") if args.json_out else None)
 
 
+@contextmanager
+def backend_for(args: argparse.Namespace, first_rate: float) -> Iterator[Backend]:
+    """Where the jobs run: two local processes on a testbed, or (``--cluster``) jobs submitted
+    to the coordinator of an emulated 2-node Ray cluster, started here and stopped at the end."""
+    if not args.cluster:
+        with Testbed(hosts=2, mbit=first_rate) as tb:
+            yield LocalBackend(tb)
+        return
+    from benchmarks.adaptive.on_cluster import HISTORY_INTERVAL_S, ClusterBackend
+    from benchmarks.cluster.nodes import Cluster
+
+    print("[adaptive] starting the emulated Ray cluster (2 nodes, coordinator, Prometheus)", flush=True)
+    with Cluster(nodes=2, mbit=first_rate, history_interval_s=HISTORY_INTERVAL_S) as cluster:
+        print(f"[adaptive] cluster up; coordinator {cluster.url}", flush=True)
+        yield ClusterBackend(cluster)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["_rank"]:
@@ -204,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     doc: dict[str, Any] = {"scenarios": {}}
+    where = "(merged)"
     if args.merge_only:
         args.scenarios = {}
     else:
@@ -212,9 +234,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"testbed unavailable: {why}", file=sys.stderr)
             return 2
         first_rate = parse_schedule(next(iter(args.scenarios.values())))[0].mbit
-        with Testbed(hosts=2, mbit=first_rate) as tb, tempfile.TemporaryDirectory(prefix="gw-adaptive-") as tmp:
+        from benchmarks.cluster.errors import ClusterError  # here: benchmarks.cluster imports this package
+
+        with ExitStack() as stack:
+            try:
+                backend = stack.enter_context(backend_for(args, first_rate))
+            except ClusterError as exc:
+                print(f"cluster unavailable: {exc}", file=sys.stderr)
+                return 2
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gw-adaptive-"))
+            where = backend.where
             for name in args.scenarios:
-                doc["scenarios"][name] = run_scenario(tb, args, name, Path(args.keep or tmp))
+                doc["scenarios"][name] = run_scenario(backend, args, name, Path(args.keep or tmp))
     for path in args.include or []:  # scenarios measured by another run of this command
         for name, scenario in json.loads(path.read_text())["scenarios"].items():
             doc["scenarios"].setdefault(name, {**scenario, "from": str(path)})
@@ -224,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "bucket_cap_mb": args.bucket_cap_mb, "workers": 2, "seeds": args.seeds, "repeats": args.repeats, "eval_every": EVAL_EVERY,
                   "probe_interval_s": args.probe_interval_s, "probe_budget": args.probe_budget,
                   "sync_every": args.sync_every, "report_interval_s": args.report_interval_s,
-                  "cluster": "local processes in network namespaces (benchmarks.testbed), not a Ray cluster",
+                  "cluster": where,
                   ADAPTIVE: compression_of(ADAPTIVE, args), "cpu_cores": os.cpu_count(),
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "wall_s": round(time.monotonic() - started)}

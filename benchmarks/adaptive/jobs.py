@@ -11,7 +11,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from benchmarks.adaptive.scenarios import POLL_S, Phase, boundaries
 from benchmarks.repo import REPO_ROOT, module_command, repo_env
@@ -80,6 +80,37 @@ def run_job(tb: Testbed, cfg: TrainConfig, phases: Sequence[Phase], workdir: Pat
     checkpoint = final_checkpoint(workdir / "checkpoints")
     return JobRun(label=label, reports=reports, summary=json.loads(summary_path.read_text()), rate_changes=changes,
                   checkpoint=checkpoint, eval_loss=eval_loss(cfg, checkpoint) if evaluate else None)
+
+
+class Backend(Protocol):
+    """Where the benchmark's jobs run (``LocalBackend``, or ``on_cluster.ClusterBackend``)."""
+
+    #: Said in the results: where the runs ran.
+    where: str
+
+    def run(self, cfg: TrainConfig, phases: Sequence[Phase], workdir: Path, *, label: str) -> JobRun:
+        """Run one job through ``phases``; the run's ``checkpoint`` is its final checkpoint, among
+        its others in the same directory."""
+        ...
+
+    def own_pids(self) -> Iterable[int]:
+        """Processes besides this one and its waited-for children whose CPU is the benchmark's own."""
+        ...
+
+
+class LocalBackend:
+    """Two local processes in the testbed's namespaces (:func:`run_job`)."""
+
+    where = "local processes in network namespaces (benchmarks.testbed), not a Ray cluster"
+
+    def __init__(self, tb: Testbed) -> None:
+        self.tb = tb
+
+    def run(self, cfg: TrainConfig, phases: Sequence[Phase], workdir: Path, *, label: str) -> JobRun:
+        return run_job(self.tb, cfg, phases, workdir, label=label, evaluate=False)
+
+    def own_pids(self) -> list[int]:
+        return []  # the ranks are children, waited for before the load is read
 
 
 def cap_gso(tb: Testbed, max_bytes: int = 32 * 1024) -> None:

@@ -52,6 +52,9 @@ class ScenarioOptions:
     restore_after_s: float = 10.0
     timeout_s: float = 900.0
     seed: int = 0
+    #: A whole JobSpec body to submit instead of the one these fields build
+    #: (``benchmarks.adaptive --cluster`` submits its own benchmark job).
+    job: dict[str, Any] | None = None
 
     @property
     def steps(self) -> int:
@@ -59,6 +62,8 @@ class ScenarioOptions:
 
     def spec(self) -> dict[str, Any]:
         """The JobSpec submitted over REST."""
+        if self.job is not None:
+            return self.job
         compression: dict[str, Any] = {"mode": "adaptive", "compressor": self.start, "min_rank": self.min_rank,
                                        "max_rank": self.max_rank, "gain_threshold": self.gain_threshold,
                                        "min_dwell_s": self.min_dwell_s}

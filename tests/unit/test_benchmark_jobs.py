@@ -143,3 +143,28 @@ def test_the_switching_bound_is_taken_per_seed_from_each_runs_own_steps_to_targe
     seed1 = 1.0  # only none reached seed 1's target (50 fast, 10 slow steps): the bound is none itself
     assert bound["by_seed"] == {"0": seed0, "1": seed1}
     assert bound["ratio"] == max(seed0, seed1) and bound["steps_to_target"] == 60  # median_high of two: seed 1's
+
+
+def test_the_cluster_runs_submit_the_same_job_keeping_every_checkpoint() -> None:
+    from benchmarks.adaptive.on_cluster import job_spec
+    from coordinator.schemas import JobSpec
+
+    args = adaptive.parse_args(["--cluster"])
+    cfg = adaptive.train_config(args, adaptive.compression_of(adaptive.ADAPTIVE, args), steps=300, checkpoint_every=15)
+    submitted = JobSpec.model_validate(job_spec(cfg)).to_train_config()
+    assert submitted.checkpoints.keep is None and cfg.checkpoints.keep == 2  # every checkpoint, for the curve
+    assert submitted.model_dump(exclude={"checkpoints"}) == cfg.model_dump(exclude={"checkpoints"})
+    assert submitted.checkpoints.model_dump() == {**cfg.checkpoints.model_dump(), "keep": None}
+
+
+def test_the_coordinators_history_reads_as_a_runs_reports_in_step_order() -> None:
+    from benchmarks.adaptive.on_cluster import reports_of
+
+    history = [{"at": 10.0, "step": 1, "compressor": "none"}, {"at": 10.5, "step": 9, "compressor": "none"},
+               {"at": 11.0, "step": 20, "compressor": "acpsgd", "compressor_rank": 4},
+               {"at": 11.2, "step": 15, "compressor": "acpsgd", "compressor_rank": 4},  # a restarted group
+               {"at": 11.6, "step": 30, "compressor": "acpsgd", "compressor_rank": 4}]
+    run = adaptive.JobRun(label="adaptive", reports=reports_of(history), summary={})
+    assert [r["step"] for r in run.reports] == [1, 9, 20, 30]
+    assert run.wall_at(1) == 10.0 and run.wall_at(25) == 11.3  # interpolated between the kept reports
+    assert run.reports[2]["compressor_rank"] == 4
