@@ -11,7 +11,7 @@ import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 from benchmarks.adaptive.jobs import Backend, HeldOut, JobRun, LocalBackend, rank_entry
 from benchmarks.adaptive.report import markdown, plot
@@ -201,24 +201,22 @@ def write_results(args: argparse.Namespace, doc: dict[str, Any], table: str) -> 
     return args.plot or (args.json_out.with_suffix(".png") if args.json_out else None)
 
 
+#: Makes where the jobs run, for the run's arguments and first rate (a context manager: the
+#: testbed or cluster is torn down at the end).
+BackendFactory = Callable[[argparse.Namespace, float], ContextManager[Backend]]
+
+
 @contextmanager
-def backend_for(args: argparse.Namespace, first_rate: float) -> Iterator[Backend]:
-    """Where the jobs run: two local processes on a testbed, or (``--cluster``) jobs submitted
-    to the coordinator of an emulated 2-node Ray cluster, started here and stopped at the end."""
-    if not args.cluster:
-        with Testbed(hosts=2, mbit=first_rate) as tb:
-            yield LocalBackend(tb)
-        return
-    from benchmarks.adaptive.on_cluster import HISTORY_INTERVAL_S, ClusterBackend
-    from benchmarks.cluster.nodes import Cluster
-
-    print("[adaptive] starting the emulated Ray cluster (2 nodes, coordinator, Prometheus)", flush=True)
-    with Cluster(nodes=2, mbit=first_rate, history_interval_s=HISTORY_INTERVAL_S) as cluster:
-        print(f"[adaptive] cluster up; coordinator {cluster.url}", flush=True)
-        yield ClusterBackend(cluster)
+def local_backend(args: argparse.Namespace, first_rate: float) -> Iterator[Backend]:
+    """Two local processes on a testbed of two namespaces."""
+    with Testbed(hosts=2, mbit=first_rate) as tb:
+        yield LocalBackend(tb)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, backends: BackendFactory = local_backend) -> int:
+    """The command. ``backends``: where the jobs run; ``--cluster`` needs the factory of
+    ``benchmarks.adaptive.__main__``, which alone imports the cluster (``benchmarks.cluster``
+    builds on this package, so this module does not import it)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["_rank"]:
         return rank_entry(argv[1:])
@@ -234,13 +232,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"testbed unavailable: {why}", file=sys.stderr)
             return 2
         first_rate = parse_schedule(next(iter(args.scenarios.values())))[0].mbit
-        from benchmarks.cluster.errors import ClusterError  # here: benchmarks.cluster imports this package
-
+        if args.cluster and backends is local_backend:
+            print("--cluster: run it as `python -m benchmarks.adaptive --cluster`", file=sys.stderr)
+            return 2
         with ExitStack() as stack:
             try:
-                backend = stack.enter_context(backend_for(args, first_rate))
-            except ClusterError as exc:
-                print(f"cluster unavailable: {exc}", file=sys.stderr)
+                backend = stack.enter_context(backends(args, first_rate))
+            except RuntimeError as exc:  # ClusterError, TestbedError: the reason it cannot start here
+                print(f"cannot start where the jobs run: {exc}", file=sys.stderr)
                 return 2
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gw-adaptive-"))
             where = backend.where
