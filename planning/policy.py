@@ -405,8 +405,8 @@ def _trial_measured(state: PolicyState, label: str) -> bool:
     measured more than once: then the dwell does not hold it.
 
     Why: a label that has not run is judged by an estimate, and the estimates err optimistic
-    (a family's best case, or another rank's exponent carried over: in steady-slow ACP-SGD r16
-    was chosen at an extrapolated error of 0.26 and measured 0.61). Once two exchanges have
+    (a family's best case, or another rank's calibration carried over: in steady-slow ACP-SGD r16
+    was chosen at an error of 0.26 extrapolated by an exponent and measured 0.61). Once two exchanges have
     measured it, a better choice by the threshold beyond the doubt in its favour means the
     estimate was wrong (or the link changed), and waiting out the dwell only spends time on
     it: 2 s of a 13 s job per wrong trial in the benchmark, in the critical first steps for the
