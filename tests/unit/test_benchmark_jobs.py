@@ -121,6 +121,26 @@ def test_each_run_is_judged_against_its_own_seeds_target_and_ratios_pair_runs_by
     assert none_curve_spread(repeats["none"] + [run(1, 0.30, 0.2)]) == 0.0
 
 
+def test_the_best_fixed_choice_is_the_one_with_the_least_ratio_to_none_paired_by_seed() -> None:
+    """``x``'s run at the median (19 s) is shorter than ``y``'s (19.5 s), but that compares
+    seed 1 with seed 1 only by chance: paired with ``none`` seed by seed, ``x`` takes 0.3, 0.95
+    and 1.0 of its time (median 0.95), ``y`` 0.9, 0.975 and 0.8 (median 0.9): ``y`` is best."""
+    from benchmarks.adaptive.results import best_fixed, scenario_verdict
+
+    def entry(times: list[float | None]) -> dict:
+        repeats = [{"seed": seed, "time_to_target_s": t} for seed, t in enumerate(times)]
+        middle = sorted(times, key=lambda t: float("inf") if t is None else t)[1]
+        return {"time_to_target_s": middle, "repeats": repeats, "final_eval": 1.0, "final_vs_none": 0.0}
+
+    runs = {"none": entry([10.0, 20.0, 30.0]), "x": entry([3.0, 19.0, 30.0]), "y": entry([9.0, 19.5, 24.0]),
+            "adaptive": entry([9.0, 19.5, 24.0]), "z": entry([1.0, None, None])}
+    assert best_fixed(runs, ["none", "x", "y", "z"]) == "y"
+    verdict = scenario_verdict(runs)
+    assert verdict["best_fixed"] == "y" and verdict["ratio_to_best"]["adaptive"] == 1.0
+    assert verdict["ratio_to_best"]["x"] == round(19.0 / 19.5, 3)  # the median of 0.33, 0.97 and 1.25
+    assert best_fixed({"x": entry([3.0, 19.0, 30.0]), "y": entry([9.0, 19.5, 24.0])}, ["x", "y"]) == "x"  # no none: by time
+
+
 def test_the_switching_bound_is_taken_per_seed_from_each_runs_own_steps_to_target() -> None:
     """As above (fast 0.10/0.12 s per step for none/b, slow 0.30/0.15 s), but seed 1's runs
     need 60 steps instead of 90: its bound comes from those steps, and ``by_seed`` lists both."""
