@@ -22,8 +22,7 @@ from benchmarks.adaptive.jobs import JobRun
 from benchmarks.adaptive.scenarios import Phase
 from benchmarks.cluster.errors import ClusterError
 from benchmarks.cluster.nodes import Cluster
-from benchmarks.cluster.scenario import ScenarioOptions, run_scenario
-from coordinator.client import Client
+from benchmarks.cluster.scenario import ScenarioOptions, follow_scenario
 from planning.config import TrainConfig
 
 #: How often the coordinator keeps a report in a job's history, in seconds: the resolution of
@@ -78,12 +77,7 @@ class ClusterBackend:
         left: its reports, summary, rate changes and final checkpoint (under Ray's storage)."""
         workdir.mkdir(parents=True, exist_ok=True)
         opts = ScenarioOptions(schedule=list(phases), timeout_s=self.timeout_s, job=job_spec(cfg))
-        doc = run_scenario(self.cluster, opts, log=lambda message: None)
-        client = Client(self.cluster.url, self.cluster.token, timeout=30.0)
-        try:
-            job, history = client.job(doc["job_id"]), client.history(doc["job_id"])
-        finally:
-            client.close()
+        doc, job, history = follow_scenario(self.cluster, opts, log=lambda message: None)
         if doc["state"] != "succeeded":
             raise ClusterError(f"{label}: job {doc['job_id']} {doc['state']}: {doc['reason']}")
         summary = job.get("summary") or {}

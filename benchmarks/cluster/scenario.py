@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from benchmarks.adaptive import Phase, boundaries
 from benchmarks.cluster.errors import ClusterError
@@ -87,10 +87,26 @@ def label_of(compressor: str, params: dict[str, Any] | None) -> str:
     return make_spec(compressor, **(params or {})).label
 
 
+class FollowedJob(NamedTuple):
+    """What :func:`follow_scenario` collected: the scenario's record (``doc``, what
+    :func:`run_scenario` returns), the coordinator's last view of the job and its history."""
+
+    doc: dict[str, Any]
+    job: dict[str, Any]
+    history: dict[str, Any]
+
+
 def run_scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print,
                  on_submitted: Any = None) -> dict[str, Any]:
     """Submit the job, walk the schedule by step (and the node loss), and collect the record.
     ``on_submitted(job_id)`` is called once the coordinator has accepted the job."""
+    return follow_scenario(cluster, opts, log=log, on_submitted=on_submitted).doc
+
+
+def follow_scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print,
+                    on_submitted: Any = None) -> FollowedJob:
+    """:func:`run_scenario`, keeping the job and its history that the record was made from
+    (a caller that needs them does not ask the coordinator again)."""
     client = Client(cluster.url, cluster.token, timeout=10.0)
     ends = boundaries(opts.schedule)
     cluster.set_rate(opts.schedule[0].mbit)
@@ -158,7 +174,7 @@ def run_scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print,
     }
     doc["phases"] = phase_report(history["telemetry"], opts.schedule, doc["switches"])
     doc["restarts"] = restarts(history["telemetry"], opts.checkpoint_every)
-    return doc
+    return FollowedJob(doc, job, history)
 
 
 def restarts(telemetry: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:

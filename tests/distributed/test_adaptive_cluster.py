@@ -16,14 +16,7 @@ from benchmarks import cluster as cl
 from benchmarks.adaptive.on_cluster import HISTORY_INTERVAL_S, ClusterBackend
 from benchmarks.machine import ForeignLoad
 
-pytestmark = [pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def cluster_ok() -> None:
-    ok, why = cl.available()
-    if not ok:
-        pytest.skip(f"emulated cluster unavailable: {why}")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("emulated_cluster_available")]
 
 
 @pytest.mark.timeout(400)

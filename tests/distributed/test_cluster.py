@@ -28,14 +28,7 @@ from coordinator import raylocal
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.slow]
-
-
-@pytest.fixture(autouse=True)
-def cluster_ok() -> None:
-    ok, why = cl.available()
-    if not ok:
-        pytest.skip(f"emulated cluster unavailable: {why}")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("emulated_cluster_available")]
 
 
 def leftovers(pid: int, workdir: Path | None = None) -> dict[str, list[str]]:
