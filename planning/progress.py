@@ -48,9 +48,8 @@ def error_of_efficiency(efficiency: float) -> float:
     ACP-SGD r16 ε 0.57 → δ 0.68, cosine 0.66, loss 0.3904; PowerSGD r4 ε 0.73 → δ 0.47,
     cosine 0.76, loss 0.3843; ACP-SGD r4 ε 0.85, cosine 0.38, loss 0.4011. The cosine is no
     model of the loss (PowerSGD r2: cosine 0.64, loss 0.3784, one seed), but it ranks these
-    as training does, and ε did not. Passing it through ``ε`` keeps the estimates'
-    calibration (:func:`calibrated_errors`) as it is: a measured running figure is a running
-    figure whichever the quantity.
+    as training does, and ε did not. Passed through ``ε``, the measured choice is judged in the
+    same terms as the estimates it is compared with (:func:`calibrated_errors`).
     """
     return math.sqrt(1.0 - as_efficiency(efficiency))
 
@@ -228,7 +227,12 @@ def efficiency_ratio(estimate: float | None, efficiency: float) -> float | None:
     """``c = δ_running / δ(estimate)``: the share of its best case's worth per step a running
     compressor keeps (``δ(ε) = 1 − ε²``, :func:`contraction`), held to at most 1 (a sampled
     efficiency above the best case says nothing better than the best case). None unless the
-    estimate lies in [0, 1)."""
+    estimate lies in [0, 1).
+
+    The hold at 1 holds for every family: the estimates are each compressor's best case on the
+    raw gradient (low rank: the truncated spectrum; top-k: the dropped mass), and error
+    feedback's residual only adds to what a step loses, so a sample above it is noise of the
+    1024-coordinate sampled η, not a family that runs better than its best case."""
     if estimate is None or not 0 <= estimate < 1:
         return None
     return min(1.0, as_efficiency(efficiency) / contraction(estimate))
@@ -246,7 +250,7 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
 
     Why a share of δ (session 18) and not the exponent ``k`` of ``running = estimate ** k``
     (sessions 9-17): on the CNN ACP-SGD's running error is flat across its ranks (r4 0.66, r8
-    0.60, r16 0.61 in the kept runs of session 16), while its estimates fall from 0.25 to 0.1;
+    0.60, r16 0.61 in the kept runs of session 16), while its estimates fall from 0.25 to 0.08;
     the exponent carried from rank 4 (0.25 → 0.54, k 0.45) priced rank 16 at 0.32 where it ran
     at ~0.5, and every slow stretch longer than ~10 s tried it (steady-slow, seed 1: 1.13x
     PowerSGD r4 in session 17's repeats). The best cases of the ranks that matter are all near
@@ -258,7 +262,8 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
     - a label that has run is judged by the error of its averaged running efficiency;
     - a rank of a compressor that has run at two or more ranks, by the power law
       ``ε = exp(a) · rank^b`` fitted to those measurements (:func:`rank_fit`);
-    - any other label of a family that has run, by ``c`` of the family's latest measured label;
+    - any other label of a family that has run, by ``c`` of the family's latest measured label
+      whose estimate is known (in [0, 1); a label without one leaves the share before it);
     - any other, a family that has not run included, by its estimate. No prior share is
       assumed for a family before it has run: the best case is optimistic on purpose, so the
       policy tries the family and measures it; a pessimistic prior would keep it from ever
@@ -288,7 +293,7 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
         if name in fits and rank is not None:
             a, b = fits[name]
             out[label] = min(1.0, math.exp(a + b * math.log(rank)))
-        elif share is not None:
+        elif share is not None and math.isfinite(estimate) and estimate >= 0:
             out[label] = math.sqrt(1.0 - share * contraction(estimate))
     out.update(dict(measured_errors(measured)))
     return _monotone_in_rank(out)

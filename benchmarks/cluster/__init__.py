@@ -48,10 +48,18 @@ plot, verdict), :mod:`.cli` (the command); the names below are the package's pub
 from benchmarks.cluster.errors import ClusterError
 from benchmarks.cluster.nodes import Cluster, available
 from benchmarks.cluster.results import prometheus_record, ranks_agree, scenario, verdict
-from benchmarks.cluster.scenario import NODE_LOSS_SCHEDULE, ScenarioOptions, phase_report, run_scenario
+from benchmarks.cluster.scenario import (
+    NODE_LOSS_SCHEDULE,
+    FollowedJob,
+    ScenarioOptions,
+    follow_scenario,
+    phase_report,
+    run_scenario,
+)
 from benchmarks.cluster.state import STATE_DIR, live_states, sweep_stale
 
 __all__ = [
-    "NODE_LOSS_SCHEDULE", "STATE_DIR", "Cluster", "ClusterError", "ScenarioOptions", "available", "live_states",
+    "NODE_LOSS_SCHEDULE", "STATE_DIR", "Cluster", "ClusterError", "FollowedJob", "ScenarioOptions", "available",
+    "follow_scenario", "live_states",
     "phase_report", "prometheus_record", "ranks_agree", "run_scenario", "scenario", "sweep_stale", "verdict",
 ]

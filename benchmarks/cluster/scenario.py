@@ -108,6 +108,15 @@ def follow_scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print
     """:func:`run_scenario`, keeping the job and its history that the record was made from
     (a caller that needs them does not ask the coordinator again)."""
     client = Client(cluster.url, cluster.token, timeout=10.0)
+    try:
+        return _follow(client, cluster, opts, log=log, on_submitted=on_submitted)
+    finally:
+        client.close()
+
+
+def _follow(client: Client, cluster: Cluster, opts: ScenarioOptions, *, log: Any,
+            on_submitted: Any) -> FollowedJob:
+    """The body of :func:`follow_scenario`, on a client the caller closes."""
     ends = boundaries(opts.schedule)
     cluster.set_rate(opts.schedule[0].mbit)
     started = time.time()
@@ -163,7 +172,6 @@ def follow_scenario(cluster: Cluster, opts: ScenarioOptions, *, log: Any = print
     if restoring is not None:
         restoring.join()
     history = client.history(job_id)
-    client.close()
     doc = {
         "state": job["state"], "reason": job["reason"], "job_id": job_id,
         "schedule": [{"mbit": p.mbit, "steps": p.steps} for p in opts.schedule],

@@ -166,21 +166,21 @@ def test_estimates_are_calibrated_by_the_share_of_its_best_case_a_measured_label
     assert efficiency_ratio(0.2, 0.99) == 1.0  # a sample above the best case: no better than it
     lost = calibrated_errors(estimates, (("acpsgd-r8", 0.0),))
     assert lost["acpsgd-r16"] == 1.0  # a higher rank too: by the share 0, not by the order of the ranks
-    lossless_best = calibrated_errors({"acpsgd-r64": 0.0, "acpsgd-r32": 0.0}, (("acpsgd-r64", 0.64),))
-    assert lossless_best["acpsgd-r32"] == pytest.approx(0.6)  # the share of an estimate of 0 carries too
+    lossless_best = calibrated_errors({"acpsgd-r64": 0.0, "acpsgd-r32": 0.0}, (("acpsgd-r32", 0.64),))
+    assert lossless_best["acpsgd-r64"] == pytest.approx(0.6)  # the share of an estimate of 0 carries too
 
 
 def test_the_share_prices_acpsgd_rank_16_as_it_ran_after_rank_4_where_the_exponent_did_not():
     """Steady-slow, session 17's repeats: ACP-SGD r4 estimated 0.251 ran at 0.538; the exponent
-    of that (0.45) priced r16 (estimate 0.077) at 0.32, and the policy left PowerSGD r4 (0.501)
-    for it 13 s into the run; it ran at ~0.47. The share prices it at 0.50, beside PowerSGD r4,
-    which is faster per step: no move."""
+    of that (0.45) priced r16 (estimate 0.077) at 0.32 (``0.077 ** 0.45``), and the policy left
+    PowerSGD r4 (0.501) for it 13 s into the run; it ran at ~0.47. The share prices it at 0.50,
+    level with PowerSGD r4: only a shorter step would now move the policy to it (on the CNN at
+    50 Mbit/s its step is the longer, 0.058 s against 0.054 s)."""
     from planning.progress import calibrated_errors
 
     estimates = {"acpsgd-r4": 0.251, "acpsgd-r16": 0.077, "powersgd-r4": 0.251}
     measured = (("acpsgd-r4", contraction(0.538)), ("powersgd-r4", contraction(0.501)))
     judged = calibrated_errors(estimates, measured)
-    assert 0.077 ** (math.log(0.538) / math.log(0.251)) == pytest.approx(0.316, abs=1e-3)  # what the exponent said
     assert judged["acpsgd-r16"] == pytest.approx(0.496, abs=1e-3)
     assert judged["acpsgd-r16"] < judged["acpsgd-r4"]
 
@@ -270,13 +270,19 @@ def test_the_efficiency_is_averaged_so_a_sample_straying_to_one_is_not_read_as_l
         record_running((), "signsgd", math.nan)
 
 
-def test_after_one_measured_rank_the_choice_is_the_best_by_the_true_running_errors():
+@pytest.mark.parametrize("running", ["power", "share"])
+def test_after_one_measured_rank_the_choice_is_the_best_by_the_true_running_errors(running: str):
     """At 50 Mbit/s the raw estimates are the best case; the running compressor loses more
-    (error feedback on a warm start: here ``estimate ** 0.33``, as measured on the CNN). After
-    the first rank has run, the policy's choice is, within its 10 % hysteresis, the one a
-    brute force over the true running errors picks, and it settles."""
+    (error feedback on a warm start). Two truths: ``estimate ** 0.33`` (the relation measured
+    across the CNN's dwells before session 18) and a flat share, δ = 0.6 · δ(estimate) (ACP-SGD
+    on the CNN, whose running error barely moves with the rank). After the first rank has run,
+    the policy's choice is, within its 10 % hysteresis, the one a brute force over the true
+    running errors picks, and it settles."""
     errors = spectrum_errors()
-    truth = {label: e ** 0.33 if rank_of(label) else e for label, e in errors.items()}
+    if running == "power":
+        truth = {label: e ** 0.33 if rank_of(label) else e for label, e in errors.items()}
+    else:
+        truth = {label: math.sqrt(1 - 0.6 * contraction(e)) if rank_of(label) else e for label, e in errors.items()}
     state = PolicyState()
     decision, state = decide(state, measure(MBIT50, make_spec("none"), errors), DEFAULTS, 0.0)
     assert isinstance(decision, Switch)
