@@ -160,9 +160,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, default=None, help="PNG (default: next to --json-out)")
     parser.add_argument("--md-out", type=Path, default=None, help="markdown tables (default: next to --json-out)")
     parser.add_argument("--include", type=Path, action="append", default=None,
-                        help="add the scenarios of an earlier result JSON that this run does not measure")
+                        help="add the scenarios of an earlier result JSON that this run does not measure, judged again "
+                             "by this code's verdict")
     parser.add_argument("--merge-only", action="store_true",
-                        help="measure nothing: write the --include files' scenarios as one result")
+                        help="measure nothing: write the --include files' scenarios as one result (also: re-render one "
+                             "result file under the current verdict)")
     parser.add_argument("--keep", type=Path, default=None, help="keep every run's telemetry, checkpoints and logs here")
     parser.add_argument("--cluster", action="store_true",
                         help="run each job over REST through the coordinator of an emulated 2-node Ray cluster "
@@ -247,7 +249,8 @@ def main(argv: Sequence[str] | None = None, backends: BackendFactory = local_bac
                 doc["scenarios"][name] = run_scenario(backend, args, name, Path(args.keep or tmp))
     for path in args.include or []:  # scenarios measured by another run of this command
         for name, scenario in json.loads(path.read_text())["scenarios"].items():
-            doc["scenarios"].setdefault(name, {**scenario, "from": str(path)})
+            # judged again by this code's rules (the best fixed choice changed in session 18)
+            doc["scenarios"].setdefault(name, {**scenario, "verdict": scenario_verdict(scenario["runs"]), "from": str(path)})
     doc["verdict"] = overall_verdict(doc)
     doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr,
                   "lr_schedule": args.lr_schedule,

@@ -195,3 +195,22 @@ def test_the_coordinators_history_reads_as_a_runs_reports_in_step_order() -> Non
     assert [r["step"] for r in run.reports] == [1, 9, 20, 30]
     assert run.wall_at(1) == 10.0 and run.wall_at(25) == 11.3  # interpolated between the kept reports
     assert run.reports[2]["compressor_rank"] == 4
+
+
+def test_merge_only_judges_a_result_again_by_the_current_verdict(tmp_path, capsys) -> None:
+    """Session 17's repeats were judged by the median-run rule, which named PowerSGD r4 best in
+    oscillating; re-rendered with ``--merge-only`` the file is judged by the paired rule (fp16)."""
+    import json
+
+    from benchmarks.adaptive.cli import main
+    from benchmarks.repo import REPO_ROOT
+
+    source = REPO_ROOT / "benchmarks" / "results" / "adaptive_repeats.json"
+    assert json.loads(source.read_text())["scenarios"]["oscillating"]["verdict"]["best_fixed"] == "powersgd-r4"
+    out = tmp_path / "merged.json"
+    assert main(["--merge-only", "--include", str(source), "--json-out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["scenarios"]["oscillating"]["verdict"]["best_fixed"] == "fp16"
+    assert doc["scenarios"]["oscillating"]["verdict"]["ratio_to_best"]["adaptive"] == 1.034
+    assert doc["verdict"]["worst_ratio_to_best_fixed"]["adaptive"] == 1.133
+    assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
