@@ -277,6 +277,7 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
     if estimates is None and not measured:
         return None
     out = dict(estimates or {})
+    errors = dict(measured_errors(measured))
     shares: dict[str, float] = {}
     by_rank: dict[str, dict[int, float]] = {}
     for label, efficiency in measured:  # latest last: its share wins
@@ -285,7 +286,7 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
         if share is not None:
             shares[family(label)] = share
         if rank is not None:
-            by_rank.setdefault(compressor_of(label), {})[rank] = error_of_efficiency(efficiency)
+            by_rank.setdefault(compressor_of(label), {})[rank] = errors[label]
     fits = {name: fit for name, points in by_rank.items() if (fit := rank_fit(points)) is not None}
     for label, estimate in list(out.items()):
         name, rank = compressor_of(label), rank_of(label)
@@ -294,8 +295,8 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
             a, b = fits[name]
             out[label] = min(1.0, math.exp(a + b * math.log(rank)))
         elif share is not None and math.isfinite(estimate) and estimate >= 0:
-            out[label] = math.sqrt(1.0 - share * contraction(estimate))
-    out.update(dict(measured_errors(measured)))
+            out[label] = error_of_efficiency(share * contraction(estimate))
+    out.update(errors)
     return _monotone_in_rank(out)
 
 
