@@ -71,6 +71,9 @@ class CoordinatorMetrics:
         self.link_wake = Gauge(
             "gradwire_network_wake_seconds", "Extra time of a collective on an idle link (the probe's "
             "late-joined all-reduce; the cost model's wake-up term)", ["job"], registry=r)
+        self.link_probe = Gauge(
+            "gradwire_link_probe_seconds", "Rank 0's wall time spent measuring the link so far (active "
+            "probes and recovery checks: what the probe budget bounds)", ["job"], registry=r)
         self.compute_jitter = Gauge(
             "gradwire_compute_jitter_seconds", "Standard deviation of one rank's compute per step "
             "(the cost model's straggler term)", ["job"], registry=r)
@@ -126,7 +129,8 @@ class CoordinatorMetrics:
                 self._labels(self.step_seconds, job_id, compressor).observe(step)  # type: ignore[attr-defined]
             for gauge, value in ((self.samples_per_second, t.samples_per_second), (self.train_loss, t.loss),
                                  (self.bandwidth, t.bandwidth_bytes_per_second), (self.latency, t.latency_seconds),
-                                 (self.link_wake, t.link_wake_seconds), (self.compute_jitter, t.compute_jitter_seconds)):
+                                 (self.link_wake, t.link_wake_seconds), (self.compute_jitter, t.compute_jitter_seconds),
+                                 (self.link_probe, t.link_probe_seconds)):
                 if value is not None:
                     self._labels(gauge, job_id).set(value)  # type: ignore[attr-defined]
             advanced = max(0, t.step - previous_step)

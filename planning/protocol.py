@@ -66,6 +66,11 @@ class Telemetry(_Strict):
     latency_seconds: float | None = Field(default=None, ge=0)
     #: How much longer a collective takes when the peers sat idle waiting (the probe's wake_s).
     link_wake_seconds: float | None = Field(default=None, ge=0)
+    #: Rank 0's wall time spent measuring the link so far (probes and recovery checks, the
+    #: probe budget's spending), and how many of each ran.
+    link_probe_seconds: float | None = Field(default=None, ge=0)
+    link_probes: int | None = Field(default=None, ge=0)
+    link_checks: int | None = Field(default=None, ge=0)
     #: σ of one rank's forward+backward compute per step over the timer's window: the
     #: cost model's straggler term (the slowest rank lags the mean by about e_N·σ).
     compute_jitter_seconds: float | None = Field(default=None, ge=0)

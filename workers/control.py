@@ -26,6 +26,7 @@ from planning.controller import AdaptiveController
 from planning.decision import Decision
 from planning.protocol import Telemetry
 from planning.sections import CompressionConfig
+from workers.probe import LinkRequest
 
 log = logging.getLogger(__name__)
 
@@ -233,16 +234,17 @@ class SwitchAgreement:
     def due(self, step: int) -> bool:
         return step % self.sync_every == 0
 
-    def exchange(self, step: int, proposal: Decision | None, probe_bytes: int) -> tuple[Decision | None, int]:
-        """Collective. Rank 0's (decision, probe_bytes) reach every rank.
+    def exchange(self, step: int, proposal: Decision | None,
+                 link_request: LinkRequest | None) -> tuple[Decision | None, LinkRequest | None]:
+        """Collective. Rank 0's (decision, link request) reach every rank.
 
         Returns the decision to apply *before* ``step`` if it is newer than the one in force
-        (else None), and rank 0's probe request: the large probe message's size in bytes,
-        0 for no probe (every rank must probe with the same sizes).
+        (else None), and rank 0's request to measure the link (a probe or a check, None for
+        neither; every rank must measure alike).
         """
         message: list[Any] = [None]
         if dist.get_rank() == 0:
-            message[0] = (proposal.model_dump() if proposal is not None else None, int(probe_bytes))
+            message[0] = (proposal.model_dump() if proposal is not None else None, link_request)
         if dist.get_world_size() > 1:
             dist.broadcast_object_list(message, src=0, group=self.group)
         payload, probe = message[0]

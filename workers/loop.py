@@ -35,9 +35,7 @@ from planning.controller import decision_for
 from planning.spec import make_spec
 from workers.control import CoordinatorClient, InProcessPolicy, SwitchAgreement
 from workers.envs import RayWorkerEnv, WorkerEnv
-from workers.link_estimate import LinkEstimate
 from workers.loaders import InfiniteLoader, batches_per_epoch, make_loader
-from workers.probe import DEFAULT_SIZES, PROBE_STOP_FACTOR, PROBE_TRANSFER_S, probe_link
 from workers.reporter import Reporter
 from workers.scripted import decision_source
 from workers.timing import StepTimer
@@ -83,8 +81,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
 
     loader = InfiniteLoader(train_set, cfg.data.batch_size, env.rank, env.world_size, cfg.seed, start_step=start_step)
     timer = StepTimer(device)
-    link = probe_link(sync.process_group) if env.world_size > 1 else LinkEstimate.no_link()
-    reporter.link(link)
+    reporter.probe_at_start(sync.process_group)
     loss_value = math.nan
     switches: list[dict[str, Any]] = []
     run_started = time.monotonic()
@@ -93,7 +90,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     for step in range(start_step, total_steps):
         # 4. agree on the compressor (and a probe) at the same step on every rank
         if agreement.due(step):
-            decision, probe_bytes = agreement.exchange(step, reporter.proposal(), reporter.probe_request())
+            decision, link_request = agreement.exchange(step, reporter.proposal(), reporter.link_request())
             reporter.quality.exchange(agreement.group)
             if decision is not None:
                 record.applied.append({"step": step, "version": decision.version,
@@ -104,9 +101,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
                     timer.reset_window()
                     switches.append({"step": step, "at_s": round(time.monotonic() - run_started, 3), "to": spec.label,
                                      "version": decision.version, "reason": decision.reason})
-            if probe_bytes and env.world_size > 1:
-                reporter.link(probe_link(sync.process_group, sizes=(DEFAULT_SIZES[0], probe_bytes),
-                                         stop_after_s=PROBE_STOP_FACTOR * PROBE_TRANSFER_S))
+            reporter.measure_link(link_request, sync.process_group)
         # 3. one step, every phase timed
         loss = train_step(ddp, optimizer, loader, timer, device, scheduler, loss_fn=workload.loss_fn)
         timer.end_step(step, sync.last_step())

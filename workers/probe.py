@@ -12,6 +12,10 @@ Keeping α and β current while training runs takes three pieces; this module is
 2. :class:`workers.probe_scheduler.ProbeScheduler` -- when to probe, within a cost budget.
 3. :class:`workers.passive_bandwidth.PassiveBandwidth` -- between probes, an EWMA of the
    bandwidth implied by the communication hook's own collective timings.
+4. :func:`check_link` -- while the passive estimate is blind (a compressing job's payloads are
+   too small to time), one timed message of the probe's size: a recovery check that costs a
+   fraction of a probe and tells whether the link came back (:func:`link_rose`), so that a
+   probe then measures it at once.
 
 World size 1 has no link: :func:`probe_link` returns at once, without timing,
 :meth:`LinkEstimate.no_link` (α = β = 0, infinite bandwidth).
@@ -26,8 +30,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Sequence
 
+from planning.costmodel import ring_coefficients
 from workers.link_estimate import LinkEstimate, all_reduce_seconds, fit_alpha_beta
 
 if TYPE_CHECKING:
@@ -50,6 +56,32 @@ PROBE_STOP_FACTOR = 4.0
 #: Wake-up rounds per probe and how long the last rank to arrive computes (spins) first.
 WAKE_ROUNDS = 8
 WAKE_SPIN_S = 0.002
+#: A recovery check that implies at least this many times the reading's bandwidth says the link
+#: came back. A check cannot read fast by noise (waiting only adds time); a shaper's burst lets
+#: ~4 ms of a check's ~20 ms through free, i.e. 1.25x, well under this.
+RISE_FACTOR = 2.0
+
+
+@dataclass(frozen=True)
+class LinkRequest:
+    """What rank 0 asks every rank to measure at an agreement step (all must do the same).
+
+    ``kind``: ``"probe"`` (:func:`probe_link` with this large message) or ``"check"``
+    (:func:`check_link` of one message of ``nbytes``).
+    """
+
+    kind: Literal["probe", "check"]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class LinkCheck:
+    """One recovery check: the slowest rank's time for the message (the same on every
+    rank) and what the check cost this rank, barrier and agreement included."""
+
+    nbytes: int
+    seconds: float
+    cost_s: float
 
 
 def sized_probe(bytes_per_second: float | None) -> tuple[int, int]:
@@ -147,6 +179,48 @@ def probe_link(
     alpha, beta, measured_at, cost, wake = agreed.tolist()
     return LinkEstimate.from_fit(alpha, beta, world_size, measured_at=measured_at, cost_s=cost,
                                  probe_bytes=max(nbytes), wake_s=wake)
+
+
+def check_link(process_group: "dist.ProcessGroup | None", nbytes: int,
+               device: "torch.device | str | None" = None) -> LinkCheck:
+    """Time one all-reduce of ``nbytes`` (fp32), aligned by a barrier; every rank must call it.
+
+    Why not a probe: a probe (warm-up, two sizes, three rounds, wake-up rounds) costs
+    0.2-0.3 s at 50 Mbit/s; one message of the probe's size costs ~45 ms there, and that is
+    enough to see the link come back: the time of a message cannot shrink by noise. No
+    warm-up, so a shaper's burst passes part of the message free (see :data:`RISE_FACTOR`).
+    The ranks agree on the slowest rank's time, so they all take the same decision on it.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("check_link: no process group is initialised")
+    if nbytes < FP32_BYTES:
+        raise ValueError(f"nbytes: must be >= {FP32_BYTES}, got {nbytes}")
+    dev = _probe_device(process_group, device)
+    started = time.perf_counter()
+    tensor = torch.ones(nbytes // FP32_BYTES, dtype=torch.float32, device=dev)
+    seconds = _slowest(_timed_all_reduce(tensor, process_group, dev), process_group, dev)
+    return LinkCheck(nbytes=tensor.numel() * tensor.element_size(), seconds=seconds,
+                     cost_s=time.perf_counter() - started)
+
+
+def implied_bandwidth(estimate: LinkEstimate, check: LinkCheck) -> float:
+    """The bandwidth ``check`` implies under ``estimate``'s latency (bytes per second).
+
+    The check's time less the latency term is the transfer; none left (the whole message
+    within the latency) is infinitely fast as far as can be seen.
+    """
+    lat, per_byte = ring_coefficients("all_reduce", estimate.world_size)
+    transfer_s = check.seconds - lat * estimate.alpha_s
+    return math.inf if transfer_s <= 0 else per_byte * check.nbytes / transfer_s
+
+
+def link_rose(estimate: LinkEstimate, check: LinkCheck) -> bool:
+    """Whether ``check`` implies at least :data:`RISE_FACTOR` times ``estimate``'s bandwidth.
+    The inputs are the same on every rank, so is the answer."""
+    return estimate.has_link and implied_bandwidth(estimate, check) >= RISE_FACTOR * estimate.bandwidth_bytes_per_second
 
 
 def wake_up_seconds(tensor: "torch.Tensor", process_group: "dist.ProcessGroup | None", device: "torch.device",

@@ -1,14 +1,24 @@
-"""When to run the active link probe: at start, then at an interval, within a cost budget.
+"""When to measure the link: the active probe at start, then at an interval, and recovery
+checks in between, all within one cost budget.
 
 Why a budget: a probe all-reduces megabytes that training would rather send; on a slow link
-one costs a second or more. :class:`ProbeScheduler` keeps the probes' total cost within a
-share (2%) of the run's elapsed time. It reads no clock itself, so it is tested with a fake
-one and every rank can feed it the same agreed numbers.
+one costs a second or more. :class:`ProbeScheduler` keeps the total cost of probes and checks
+within a share (2%) of the run's elapsed time. It reads no clock itself, so it is tested with
+a fake one and every rank can feed it the same agreed numbers.
+
+Why checks: while a job compresses, its payloads are too small for the passive estimate to
+time, so after a drop the reading stays at the slow rate until the next probe, and a probe
+priced at the slow rate comes seconds later. A check (one timed message,
+:func:`workers.probe.check_link`) costs a fraction of a probe, so the budget allows one a few
+times as often; one that sees the link come back calls for a probe at once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+#: Recovery checks may come this many times as often as probes (the budget still bounds them).
+CHECKS_PER_PROBE_INTERVAL = 4
 
 
 @dataclass
@@ -20,6 +30,11 @@ class ProbeScheduler:
     last) keeps the total probe cost within ``max_cost_fraction`` of the elapsed run time.
     The start probe is exempt from the budget (nothing has elapsed yet) but counts
     towards it, so later probes wait until the run has earned it back.
+
+    A recovery check is due (:meth:`check_due`) after a probe has run, when
+    ``probe_interval_s / CHECKS_PER_PROBE_INTERVAL`` has passed since the last probe or check
+    and the check's expected cost fits the same budget. Probes keep priority: the caller asks
+    :meth:`due` first.
 
     ``now`` is any monotonic clock reading (for the interval); ``elapsed_s`` is the run's
     time so far (for the budget). Every rank must take the same decision, or the probe's
@@ -33,6 +48,8 @@ class ProbeScheduler:
     last_cost_s: float = 0.0
     total_cost_s: float = 0.0
     probes: int = 0
+    last_check_at: float | None = None
+    checks: int = 0
 
     def __post_init__(self) -> None:
         if not self.probe_interval_s > 0:
@@ -61,6 +78,25 @@ class ProbeScheduler:
         self.last_cost_s = cost_s
         self.total_cost_s += cost_s
         self.probes += 1
+
+    def check_due(self, now: float, elapsed_s: float, expected_cost_s: float) -> bool:
+        """Whether a recovery check may run now (never before the first probe: a check
+        compares the link with the probe's reading)."""
+        if self.last_probe_at is None:
+            return False
+        last = self.last_probe_at if self.last_check_at is None else max(self.last_probe_at, self.last_check_at)
+        if now - last < self.probe_interval_s / CHECKS_PER_PROBE_INTERVAL:
+            return False
+        return self.total_cost_s + expected_cost_s <= self.max_cost_fraction * elapsed_s
+
+    def record_check(self, now: float, cost_s: float) -> None:
+        """Note that a recovery check finished at ``now`` after ``cost_s`` seconds (it counts
+        towards the budget, not towards the next probe's interval or predicted cost)."""
+        if cost_s < 0:
+            raise ValueError(f"cost_s: must be >= 0, got {cost_s}")
+        self.last_check_at = now
+        self.total_cost_s += cost_s
+        self.checks += 1
 
     def defer(self, now: float) -> None:
         """A due probe was not needed (nothing it could tell would change a decision): ask

@@ -3,7 +3,9 @@
 After every step it feeds the passive bandwidth estimate from the hook's own timings; every
 ``probing.report_interval_s`` it builds one :class:`~planning.protocol.Telemetry` and hands it
 to the decision source and the sinks (the coordinator, the live progress). It also says when
-an active link probe is due, within the job's probe budget. Used by the built-in loop
+the link is to be measured, within the job's probe budget (:meth:`Reporter.link_request`,
+rank 0), and measures it with every rank (:meth:`Reporter.measure_link`): an active probe,
+or while the passive estimate is blind a recovery check. Used by the built-in loop
 (``workers.loop``) and by a user's own loop (``workers.session``).
 """
 
@@ -28,7 +30,17 @@ from workers.control import DecisionSource, TelemetrySink
 from workers.envs import WorkerEnv
 from workers.link_estimate import LinkEstimate
 from workers.passive_bandwidth import PassiveBandwidth
-from workers.probe import sized_probe
+from workers.probe import (
+    DEFAULT_SIZES,
+    PROBE_STOP_FACTOR,
+    PROBE_TRANSFER_S,
+    LinkRequest,
+    check_link,
+    implied_bandwidth,
+    link_rose,
+    probe_link,
+    sized_probe,
+)
 from workers.probe_scheduler import ProbeScheduler
 from workers.quality import QualitySignal
 from workers.scripted import ScriptedDecisions
@@ -53,6 +65,8 @@ class Reporter:
         self.batch_size = cfg.data.batch_size
         self.estimate = LinkEstimate.no_link()
         self.passive = PassiveBandwidth(min_of_last=PASSIVE_MIN_OF_LAST)
+        #: Rank 0's steps since the last probe (the passive estimate restarts at each).
+        self._steps_since_probe = 0
         self.scheduler = ProbeScheduler(probe_interval_s=cfg.probing.interval_s, max_cost_fraction=cfg.probing.budget)
         self.started = time.monotonic()
         self.next_report = 0.0
@@ -77,20 +91,60 @@ class Reporter:
             # (for ever, while the compressor sends payloads too small to observe).
             self.passive = PassiveBandwidth(beta_s_per_byte=estimate.beta_s_per_byte, min_of_last=PASSIVE_MIN_OF_LAST)
             self.passive.anchor(estimate)
+            self._steps_since_probe = 0
             self.scheduler.record(time.monotonic() - self.started, estimate.cost_s)
 
-    def probe_request(self) -> int:
-        """Rank 0: the large probe message's size if a probe is due now, else 0.
+    def probe_at_start(self, process_group: Any = None) -> None:
+        """Every rank: the first probe, before training (world size 1: no link, no probe)."""
+        self.link(probe_link(process_group) if self.env.world_size > 1 else LinkEstimate.no_link())
 
-        The probe is sized to the current estimate (:func:`workers.probe.sized_probe`), so it
-        costs about the same at any rate and fits the probe budget every few seconds.
+    def link_request(self) -> LinkRequest | None:
+        """Rank 0: what to measure of the link now, if anything.
+
+        A probe when due, sized to the current estimate (:func:`workers.probe.sized_probe`),
+        so it costs about the same at any rate and fits the budget every few seconds. Else,
+        while the passive estimate is blind, a recovery check of the same message size when
+        due (:meth:`~workers.probe_scheduler.ProbeScheduler.check_due`).
         """
         if self.env.rank != 0 or self.env.world_size == 1:
-            return 0
+            return None
         elapsed = time.monotonic() - self.started
         current, _ = self.bandwidth()
         large = sized_probe(current)[1]
-        return large if self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost(large, current)) else 0
+        if self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost(large, current)):
+            return LinkRequest("probe", large)
+        # A check's cost: its message and the barrier before it, at the probe's reading.
+        check_cost = self.estimate.all_reduce_seconds(large) + self.estimate.latency_s
+        if self.passive_blind() and self.scheduler.check_due(elapsed, elapsed, check_cost):
+            return LinkRequest("check", large)
+        return None
+
+    def passive_blind(self) -> bool:
+        """Whether the passive estimate has seen nothing since the last probe, with the steps
+        that could have shown it (it takes the fastest of ``PASSIVE_MIN_OF_LAST``) gone by:
+        the compressor's payloads are too small to time, and the reading is the probe's."""
+        return (self.estimate.has_link and self.passive.observations == 0
+                and self._steps_since_probe >= PASSIVE_MIN_OF_LAST)
+
+    def measure_link(self, request: LinkRequest | None, process_group: Any = None) -> None:
+        """Every rank: carry out rank 0's ``request`` (the agreement gave it to all).
+
+        A check that sees the link come back (:func:`workers.probe.link_rose`) is followed at
+        once by a probe sized to the rate the check implies, outside the budget's wait (it
+        counts towards it): the decision to switch back waits on that reading. The check's
+        inputs are the same on every rank, so every rank probes or none does.
+        """
+        if request is None or self.env.world_size == 1:
+            return
+        large = request.nbytes
+        if request.kind == "check":
+            check = check_link(process_group, request.nbytes)
+            self.scheduler.record_check(time.monotonic() - self.started, check.cost_s)
+            if not link_rose(self.estimate, check):
+                return
+            large = sized_probe(implied_bandwidth(self.estimate, check))[1]
+        self.link(probe_link(process_group, sizes=(DEFAULT_SIZES[0], large),
+                             stop_after_s=PROBE_STOP_FACTOR * PROBE_TRANSFER_S))
 
     def _next_probe_cost(self, large_bytes: int, current: float | None) -> float:
         """The last probe's cost, scaled by the bytes the next one moves and by how much the
@@ -118,6 +172,7 @@ class Reporter:
         if self.env.rank != 0:
             return
         self.quality.after_step(self._estimates_can_matter)
+        self._steps_since_probe += 1
         if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
             kind = registry.codec(self.sync.compressor.name).collective
             self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
@@ -155,6 +210,9 @@ class Reporter:
             bandwidth_bytes_per_second=bandwidth,
             latency_seconds=latency,
             link_wake_seconds=self.estimate.wake_s if self.estimate.has_link else None,
+            link_probe_seconds=self.scheduler.total_cost_s if self.estimate.has_link else None,
+            link_probes=self.scheduler.probes,
+            link_checks=self.scheduler.checks,
             compute_jitter_seconds=timer.compute_jitter_s(),
             grad_norm=float(grad_norm),
             compression_error=self.quality.running_error(spec.label),

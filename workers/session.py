@@ -57,8 +57,6 @@ from workers.control import (
     SwitchAgreement,
     TelemetrySink,
 )
-from workers.link_estimate import LinkEstimate
-from workers.probe import DEFAULT_SIZES, PROBE_STOP_FACTOR, PROBE_TRANSFER_S, probe_link
 from workers.reporter import Reporter
 from workers.timing import StepTimer
 
@@ -121,7 +119,7 @@ class TrainingSession:
         self._open: dict[str, AbstractContextManager[None]] = {}
         self._handles: list[Any] = []
         self._install_hooks()
-        self.reporter.link(probe_link(sync.process_group) if self.world_size > 1 else LinkEstimate.no_link())
+        self.reporter.probe_at_start(sync.process_group)
         self._begin("data")
 
     # ---- phase timing by hooks -----------------------------------------------------------
@@ -182,7 +180,7 @@ class TrainingSession:
         self._begin("data")
 
     def _agree(self, step: int) -> None:
-        decision, probe_bytes = self.agreement.exchange(step, self.reporter.proposal(), self.reporter.probe_request())
+        decision, link_request = self.agreement.exchange(step, self.reporter.proposal(), self.reporter.link_request())
         self.reporter.quality.exchange(self.agreement.group)
         if decision is not None:
             spec = make_spec(decision.compressor, **decision.params)
@@ -192,9 +190,7 @@ class TrainingSession:
                 self.switches.append({"step": step, "to": spec.label, "version": decision.version,
                                       "reason": decision.reason})
                 log.info("rank %d: step %d: switching to %s (%s)", self.rank, step, spec.label, decision.reason)
-        if probe_bytes and self.world_size > 1:
-            self.reporter.link(probe_link(self.sync.process_group, sizes=(DEFAULT_SIZES[0], probe_bytes),
-                                          stop_after_s=PROBE_STOP_FACTOR * PROBE_TRANSFER_S))
+        self.reporter.measure_link(link_request, self.sync.process_group)
 
     def close(self) -> None:
         """Stop timing and reporting (sends the last report first). Idempotent."""

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,64 @@ def test_probe_measures_a_link_of_known_rate_within_30_percent(testbed_ok: None)
     seen_mbit = results[0]["bandwidth_bytes_per_second"] * 8 / 1e6
     assert abs(seen_mbit - LINK_MBIT) / LINK_MBIT <= 0.3, f"probe saw {seen_mbit:.1f} Mbit/s on a {LINK_MBIT} link"
     assert results[0]["cost_s"] < 5.0
+
+
+# One rank of a recovery check across the testbed: probe at the slow rate, check, wait for the
+# driver to raise the rate, check again; prints both checks as JSON.
+CHECK_RANK = """
+import json, os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from workers.probe import check_link, link_rose, probe_link, sized_probe
+init, rank, world, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
+est = probe_link(sizes=(4096, sized_probe(50e6 / 8)[1]))
+nbytes = sized_probe(est.bandwidth_bytes_per_second)[1]
+same = check_link(None, nbytes)
+if rank == 0:
+    open(go + ".ready", "w").close()
+while not os.path.exists(go):
+    time.sleep(0.01)
+dist.barrier()
+back = check_link(None, nbytes)
+dist.destroy_process_group()
+print(json.dumps({"probe_mbit": est.bandwidth_bytes_per_second * 8 / 1e6, "probe_cost_s": est.cost_s,
+                  "nbytes": nbytes, "same": [same.seconds, same.cost_s, link_rose(est, same)],
+                  "back": [back.seconds, back.cost_s, link_rose(est, back)]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_check_sees_the_link_come_back_at_a_fraction_of_a_probes_cost(testbed_ok: None, tmp_path: Path) -> None:
+    """At 50 Mbit/s a check of the probe's message finds the link as slow as the probe did;
+    after the rate goes back to 1000 Mbit/s the next check sees it rise, on both ranks."""
+    from benchmarks.adaptive import cap_gso
+
+    go = tmp_path / "go"
+    with Testbed(hosts=2, mbit=50) as tb:
+        cap_gso(tb)
+        init = f"tcp://{tb.address(0)}:29512"
+        procs = [
+            tb.run(i, [sys.executable, "-c", CHECK_RANK, init, str(i), "2", str(go)], env=worker_env(tb, i),
+                   cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)
+        ]
+        ready = go.with_name("go.ready")
+        for _ in range(6000):
+            if ready.exists() or any(p.poll() is not None for p in procs):
+                break
+            time.sleep(0.01)
+        tb.set_rate(1000)
+        go.touch()
+        results = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err[-3000:]
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    first, second = results
+    assert first["same"][0] == second["same"][0] and first["back"][0] == second["back"][0]  # the slowest rank's
+    assert abs(first["probe_mbit"] - 50) / 50 <= 0.3
+    assert first["same"][2] is False and second["same"][2] is False  # as slow as the probe said
+    assert first["back"][2] is True and second["back"][2] is True  # back at 1000 Mbit/s: a rise
+    # One message of the probe's size, no warm-up, no second size, no wake-up rounds.
+    assert first["same"][1] < first["probe_cost_s"] / 2

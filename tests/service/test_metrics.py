@@ -38,11 +38,13 @@ def test_the_cost_models_host_terms_are_exported_when_reported():
     metrics = CoordinatorMetrics(lambda: {}, grace_s=60)
     metrics.observe_report("j", Telemetry(**telemetry(5)), previous_step=0, shapes=None)
     assert "gradwire_network_wake_seconds{" not in generate_latest(metrics.registry).decode()
-    report = Telemetry(**telemetry(6, link_wake_seconds=0.0015, compute_jitter_seconds=0.002))
+    report = Telemetry(**telemetry(6, link_wake_seconds=0.0015, compute_jitter_seconds=0.002,
+                                   link_probe_seconds=0.75, link_probes=3, link_checks=9))
     metrics.observe_report("j", report, previous_step=5, shapes=None)
     text = generate_latest(metrics.registry).decode()
     assert 'gradwire_network_wake_seconds{job="j"} 0.0015' in text
     assert 'gradwire_compute_jitter_seconds{job="j"} 0.002' in text
+    assert 'gradwire_link_probe_seconds{job="j"} 0.75' in text
 
 
 def test_compression_error_is_exported_by_compressor_and_bounded_at_the_door():

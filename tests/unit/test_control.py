@@ -20,6 +20,7 @@ from harness import free_port, run_ranks  # noqa: E402
 from planning.protocol import Decision, ModelProfile, Telemetry  # noqa: E402
 from planning.sections import CompressionConfig  # noqa: E402
 from workers.control import CallbackSink, CoordinatorClient, InProcessPolicy, ListSink, SwitchAgreement  # noqa: E402
+from workers.probe import LinkRequest  # noqa: E402
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -36,9 +37,11 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any
 
 V1 = Decision(version=1, compressor="powersgd", params={"rank": 2}, reason="first")
 V2 = Decision(version=2, compressor="topk", params={"ratio": 0.05}, reason="second")
-#: Rank 0's proposal and probe request (large message bytes, 0: none) at each agreement step.
-PROBE_BYTES = 256 * 1024
-PLAN: dict[int, tuple[Decision | None, int]] = {0: (None, 0), 5: (V1, PROBE_BYTES), 10: (V1, 0), 15: (V2, 0)}
+#: Rank 0's proposal and link request (a probe, a check, or None) at each agreement step.
+PROBE = LinkRequest("probe", 256 * 1024)
+CHECK = LinkRequest("check", 256 * 1024)
+PLAN: dict[int, tuple[Decision | None, LinkRequest | None]] = {0: (None, None), 5: (V1, PROBE), 10: (V1, CHECK),
+                                                               15: (V2, None)}
 
 
 def _agree(rank: int, world_size: int) -> dict[str, Any]:
@@ -49,18 +52,18 @@ def _agree(rank: int, world_size: int) -> dict[str, Any]:
             continue
         proposal, probe = PLAN[step]
         if rank != 0:  # other ranks' proposals are ignored: only rank 0's choice counts
-            proposal, probe = Decision(version=99, compressor="signsgd", reason="not rank 0"), 12345 - probe
+            proposal, probe = Decision(version=99, compressor="signsgd", reason="not rank 0"), LinkRequest("probe", 12345)
         decision, probe_now = agreement.exchange(step, proposal, probe)
         seen.append((step, decision.model_dump() if decision else None, probe_now))
     resumed = SwitchAgreement(sync_every=5, version=2)  # after a restart: version 2 already in force
-    again, _ = resumed.exchange(20, V2 if rank == 0 else None, 0)
+    again, _ = resumed.exchange(20, V2 if rank == 0 else None, None)
     return {"seen": seen, "history": [vars(a) for a in agreement.history], "version": agreement.version,
             "resumed": again}
 
 
 def test_switch_agreement_gives_every_rank_rank_0s_decision_at_the_same_step():
     results = run_ranks(_agree, 2, timeout=120)
-    expected_seen = [(0, None, 0), (5, V1.model_dump(), PROBE_BYTES), (10, None, 0), (15, V2.model_dump(), 0)]
+    expected_seen = [(0, None, None), (5, V1.model_dump(), PROBE), (10, None, CHECK), (15, V2.model_dump(), None)]
     for result in results:
         assert result["seen"] == expected_seen
         assert [(a["step"], a["version"], a["compressor"], a["params"]) for a in result["history"]] == [

@@ -186,6 +186,86 @@ def test_probes_are_sized_to_about_twenty_ms_of_transfer_within_bounds() -> None
     assert sized_probe(None)[1] == sized_probe(math.inf)[1] == MAX_LARGE_PROBE_BYTES
 
 
+def test_no_check_before_the_first_probe() -> None:
+    assert not ProbeScheduler(probe_interval_s=2).check_due(now=100.0, elapsed_s=100.0, expected_cost_s=0.0)
+
+
+def test_checks_come_four_times_as_often_as_probes_and_count_towards_the_budget() -> None:
+    sched = ProbeScheduler(probe_interval_s=2.0, max_cost_fraction=0.05)
+    sched.record(now=0.0, cost_s=0.2)  # the start probe
+    assert not sched.check_due(now=0.49, elapsed_s=100.0, expected_cost_s=0.04)  # interval / 4 not yet
+    assert sched.check_due(now=0.5, elapsed_s=100.0, expected_cost_s=0.04)
+    sched.record_check(now=0.54, cost_s=0.04)
+    assert not sched.check_due(now=1.0, elapsed_s=100.0, expected_cost_s=0.04)  # 0.5 s from the check
+    assert sched.check_due(now=1.04, elapsed_s=100.0, expected_cost_s=0.04)
+    assert (sched.checks, sched.probes) == (1, 1)
+    assert sched.total_cost_s == pytest.approx(0.24)
+    # A check neither restarts the probe's interval nor sets its predicted cost.
+    assert sched.last_probe_at == 0.0 and sched.last_cost_s == 0.2
+    assert sched.due(now=2.0, elapsed_s=100.0)
+
+
+def test_checks_are_held_to_the_same_budget_as_probes() -> None:
+    """At the slow rate, checks every 0.5 s would take 8 % of the time: the 5 % budget spaces
+    them to one per 0.8 s of run time, and probe plus checks stay within it."""
+    sched = ProbeScheduler(probe_interval_s=2.0, max_cost_fraction=0.05)
+    sched.record(now=0.0, cost_s=0.0)
+    clock, checks = FakeClock(), []
+    while clock.t < 60:
+        if sched.check_due(now=clock.t, elapsed_s=clock.t, expected_cost_s=0.04):
+            checks.append(clock.t)
+            clock.advance(0.04)
+            sched.record_check(now=clock.t, cost_s=0.04)
+            assert sched.total_cost_s <= 0.05 * clock.t + 1e-9
+        clock.advance(0.07)
+    assert len(checks) == pytest.approx(60 * 0.05 / 0.04, rel=0.05)
+
+
+def test_scheduler_rejects_a_negative_check_cost() -> None:
+    with pytest.raises(ValueError, match="cost_s"):
+        ProbeScheduler().record_check(now=0.0, cost_s=-0.1)
+
+
+# --------------------------------------------------------------------------- the recovery check
+
+
+def _estimate_at(mbit: float, alpha_s: float = 1e-4) -> LinkEstimate:
+    return LinkEstimate.from_fit(alpha_s, 8 / (mbit * MB), 2, measured_at=0.0, cost_s=0.2, probe_bytes=256 * 1024)
+
+
+def test_a_check_implies_the_bandwidth_of_its_transfer_beyond_the_latency() -> None:
+    from workers.probe import LinkCheck, implied_bandwidth
+
+    slow = _estimate_at(50)
+    nbytes = 256 * 1024
+    seconds = all_reduce_seconds(nbytes, 2, slow.alpha_s, 8 / (1000 * MB))  # the link is back at 1000 Mbit/s
+    check = LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds)
+    assert implied_bandwidth(slow, check) == pytest.approx(1000 * MB / 8)
+    assert implied_bandwidth(slow, LinkCheck(nbytes=nbytes, seconds=slow.latency_s, cost_s=0.0)) == math.inf
+
+
+@pytest.mark.parametrize("now_mbit, rose", [(1000, True), (100, True), (95, False), (50, False), (10, False)])
+def test_the_link_rose_when_a_check_implies_twice_the_readings_bandwidth(now_mbit: float, rose: bool) -> None:
+    from workers.probe import LinkCheck, link_rose
+
+    slow = _estimate_at(50)
+    nbytes = 256 * 1024
+    seconds = all_reduce_seconds(nbytes, 2, slow.alpha_s, 8 / (now_mbit * MB))
+    assert link_rose(slow, LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds)) is rose
+
+
+def test_a_shapers_burst_does_not_read_as_a_rise() -> None:
+    """The testbed's bucket (64 KiB at 50 Mbit/s) passes that much of a 256 KiB check free:
+    the check reads 4/3 of the rate, under the rise factor."""
+    from workers.probe import LinkCheck, link_rose
+
+    slow = _estimate_at(50)
+    nbytes, burst = 256 * 1024, 64 * 1024
+    seconds = all_reduce_seconds(nbytes - burst, 2, slow.alpha_s, slow.beta_s_per_byte)
+    assert not link_rose(slow, LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds))
+    assert not link_rose(LinkEstimate.no_link(), LinkCheck(nbytes=nbytes, seconds=1e-6, cost_s=0.0))
+
+
 @pytest.mark.parametrize("kwargs", [{"probe_interval_s": 0}, {"max_cost_fraction": 0}, {"max_cost_fraction": 1.5}])
 def test_scheduler_validates_its_config(kwargs: dict) -> None:
     with pytest.raises(ValueError):
