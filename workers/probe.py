@@ -67,11 +67,14 @@ class LinkRequest:
     """What rank 0 asks every rank to measure at an agreement step (all must do the same).
 
     ``kind``: ``"probe"`` (:func:`probe_link` with this large message) or ``"check"``
-    (:func:`check_link` of one message of ``nbytes``).
+    (:func:`check_link` of one message of ``nbytes``, judged against rank 0's reading
+    ``reading_bps``, bytes per second: the passive estimate where it has one, which only
+    rank 0 keeps).
     """
 
     kind: Literal["probe", "check"]
     nbytes: int
+    reading_bps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -217,10 +220,12 @@ def implied_bandwidth(estimate: LinkEstimate, check: LinkCheck) -> float:
     return math.inf if transfer_s <= 0 else per_byte * check.nbytes / transfer_s
 
 
-def link_rose(estimate: LinkEstimate, check: LinkCheck) -> bool:
-    """Whether ``check`` implies at least :data:`RISE_FACTOR` times ``estimate``'s bandwidth.
-    The inputs are the same on every rank, so is the answer."""
-    return estimate.has_link and implied_bandwidth(estimate, check) >= RISE_FACTOR * estimate.bandwidth_bytes_per_second
+def link_rose(estimate: LinkEstimate, check: LinkCheck, reading_bps: float | None = None) -> bool:
+    """Whether ``check`` implies at least :data:`RISE_FACTOR` times the reading (by default
+    ``estimate``'s bandwidth; its latency is used either way). The inputs are the same on
+    every rank, so is the answer."""
+    reading = estimate.bandwidth_bytes_per_second if reading_bps is None else reading_bps
+    return estimate.has_link and implied_bandwidth(estimate, check) >= RISE_FACTOR * reading
 
 
 def wake_up_seconds(tensor: "torch.Tensor", process_group: "dist.ProcessGroup | None", device: "torch.device",

@@ -65,8 +65,9 @@ class Reporter:
         self.batch_size = cfg.data.batch_size
         self.estimate = LinkEstimate.no_link()
         self.passive = PassiveBandwidth(min_of_last=PASSIVE_MIN_OF_LAST)
-        #: Rank 0's steps since the last probe (the passive estimate restarts at each).
-        self._steps_since_probe = 0
+        #: Rank 0's steps in a row whose collectives the passive estimate could not use (too
+        #: small to time), counted from the last probe.
+        self._steps_unseen = 0
         self.scheduler = ProbeScheduler(probe_interval_s=cfg.probing.interval_s, max_cost_fraction=cfg.probing.budget)
         self.started = time.monotonic()
         self.next_report = 0.0
@@ -91,7 +92,7 @@ class Reporter:
             # (for ever, while the compressor sends payloads too small to observe).
             self.passive = PassiveBandwidth(beta_s_per_byte=estimate.beta_s_per_byte, min_of_last=PASSIVE_MIN_OF_LAST)
             self.passive.anchor(estimate)
-            self._steps_since_probe = 0
+            self._steps_unseen = 0
             self.scheduler.record(time.monotonic() - self.started, estimate.cost_s)
 
     def probe_at_start(self, process_group: Any = None) -> None:
@@ -116,15 +117,14 @@ class Reporter:
         # A check's cost: its message and the barrier before it, at the probe's reading.
         check_cost = self.estimate.all_reduce_seconds(large) + self.estimate.latency_s
         if self.passive_blind() and self.scheduler.check_due(elapsed, elapsed, check_cost):
-            return LinkRequest("check", large)
+            return LinkRequest("check", large, reading_bps=current)
         return None
 
     def passive_blind(self) -> bool:
-        """Whether the passive estimate has seen nothing since the last probe, with the steps
-        that could have shown it (it takes the fastest of ``PASSIVE_MIN_OF_LAST``) gone by:
-        the compressor's payloads are too small to time, and the reading is the probe's."""
-        return (self.estimate.has_link and self.passive.observations == 0
-                and self._steps_since_probe >= PASSIVE_MIN_OF_LAST)
+        """Whether the passive estimate has used none of the last ``PASSIVE_MIN_OF_LAST``
+        steps' collectives (it takes the fastest of that many): the compressor's payloads are
+        too small to time, so the reading is whatever the last probe or timed step said."""
+        return self.estimate.has_link and self._steps_unseen >= PASSIVE_MIN_OF_LAST
 
     def measure_link(self, request: LinkRequest | None, process_group: Any = None) -> None:
         """Every rank: carry out rank 0's ``request`` (the agreement gave it to all).
@@ -140,7 +140,7 @@ class Reporter:
         if request.kind == "check":
             check = check_link(process_group, request.nbytes)
             self.scheduler.record_check(time.monotonic() - self.started, check.cost_s)
-            if not link_rose(self.estimate, check):
+            if not link_rose(self.estimate, check, request.reading_bps):
                 return
             large = sized_probe(implied_bandwidth(self.estimate, check))[1]
         self.link(probe_link(process_group, sizes=(DEFAULT_SIZES[0], large),
@@ -172,10 +172,11 @@ class Reporter:
         if self.env.rank != 0:
             return
         self.quality.after_step(self._estimates_can_matter)
-        self._steps_since_probe += 1
+        seen = False
         if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
             kind = registry.codec(self.sync.compressor.name).collective
-            self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
+            seen = self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
+        self._steps_unseen = 0 if seen else self._steps_unseen + 1
         now = time.monotonic()
         if isinstance(self.source, ScriptedDecisions):
             self.source.step = step + 1

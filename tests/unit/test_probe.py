@@ -254,6 +254,19 @@ def test_the_link_rose_when_a_check_implies_twice_the_readings_bandwidth(now_mbi
     assert link_rose(slow, LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds)) is rose
 
 
+def test_a_check_is_judged_against_the_reading_it_was_asked_for() -> None:
+    """The probe said 1000 Mbit/s, the hook's own timings then 50 (the reading rank 0 sends
+    with the request): a check at 1000 is a rise against that reading, not against the probe."""
+    from workers.probe import LinkCheck, link_rose
+
+    fast = _estimate_at(1000)
+    nbytes = 256 * 1024
+    seconds = all_reduce_seconds(nbytes, 2, fast.alpha_s, fast.beta_s_per_byte)
+    check = LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds)
+    assert not link_rose(fast, check)
+    assert link_rose(fast, check, reading_bps=50 * MB / 8)
+
+
 def test_a_shapers_burst_does_not_read_as_a_rise() -> None:
     """The testbed's bucket (64 KiB at 50 Mbit/s) passes that much of a 256 KiB check free:
     the check reads 4/3 of the rate, under the rise factor."""
