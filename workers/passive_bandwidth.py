@@ -77,6 +77,22 @@ class PassiveBandwidth:
         self.observations += 1
         return True
 
+    def observe_aligned(self, nbytes: float, seconds: float, kind: CollectiveKind = "all_reduce",
+                        world_size: int = 2) -> bool:
+        """Fold in a collective that a barrier lined the ranks up for (a recovery check,
+        :func:`workers.probe.check_link`); return whether it was used.
+
+        Its time has no wait for a late peer in it, so it needs no filter: it replaces the
+        window of recent observations (whose smallest would otherwise hide a drop behind the
+        faster steps timed before the estimate went blind) and enters the average directly.
+        """
+        recent = list(self._recent)
+        self._recent.clear()
+        if self.observe(nbytes, seconds, kind, world_size):
+            return True
+        self._recent.extend(recent)
+        return False
+
     @property
     def bytes_per_second(self) -> float | None:
         """The current estimate, or None before the first usable observation."""

@@ -28,7 +28,7 @@ from planning.protocol import Decision, ModelProfile, Telemetry
 from workers.calibration import calibrate_codecs
 from workers.control import DecisionSource, TelemetrySink
 from workers.envs import WorkerEnv
-from workers.link_estimate import LinkEstimate
+from workers.link_estimate import LinkEstimate, all_reduce_seconds
 from workers.passive_bandwidth import PassiveBandwidth
 from workers.probe import (
     DEFAULT_SIZES,
@@ -114,8 +114,9 @@ class Reporter:
         large = sized_probe(current)[1]
         if self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost(large, current)):
             return LinkRequest("probe", large)
-        # A check's cost: its message and the barrier before it, at the probe's reading.
-        check_cost = self.estimate.all_reduce_seconds(large) + self.estimate.latency_s
+        # A check's cost: its message at the current reading, and the barrier before it.
+        beta = 1.0 / current if current else self.estimate.beta_s_per_byte
+        check_cost = all_reduce_seconds(large, self.env.world_size, self.estimate.alpha_s, beta) + self.estimate.latency_s
         if self.passive_blind() and self.scheduler.check_due(elapsed, elapsed, check_cost):
             return LinkRequest("check", large, reading_bps=current)
         return None
@@ -132,7 +133,12 @@ class Reporter:
         A check that sees the link come back (:func:`workers.probe.link_rose`) is followed at
         once by a probe sized to the rate the check implies, outside the budget's wait (it
         counts towards it): the decision to switch back waits on that reading. The check's
-        inputs are the same on every rank, so every rank probes or none does.
+        inputs are the same on every rank, so every rank probes or none does. Any other check
+        is a timed collective like the hook's own, and the passive estimate takes it
+        (:meth:`~workers.passive_bandwidth.PassiveBandwidth.observe_aligned`): a link slower
+        than the reading lowers it, so the next check is sized and budgeted for that rate
+        (else a check sized to 20 ms at a stale fast reading costs ~0.4 s on a 50 Mbit/s link,
+        each time).
         """
         if request is None or self.env.world_size == 1:
             return
@@ -141,6 +147,7 @@ class Reporter:
             check = check_link(process_group, request.nbytes)
             self.scheduler.record_check(time.monotonic() - self.started, check.cost_s)
             if not link_rose(self.estimate, check, request.reading_bps):
+                self.passive.observe_aligned(check.nbytes, check.seconds, "all_reduce", self.env.world_size)
                 return
             large = sized_probe(implied_bandwidth(self.estimate, check))[1]
         self.link(probe_link(process_group, sizes=(DEFAULT_SIZES[0], large),

@@ -1,11 +1,13 @@
-"""The adaptive policy on an emulated link: when the bandwidth drops, the job switches to compression.
+"""The adaptive policy on an emulated link: when the bandwidth drops, the job switches to
+compression; when it comes back, the job sees it and stops compressing.
 
 Two workers, one per network namespace of the testbed, train a small CNN with the in-process
 policy on rank 0. The link starts at 1000 Mbit/s, where uncompressed all-reduce hides behind
 the convolutions' backward pass, and drops to 20 Mbit/s after a fixed number of steps, where
 the same all-reduce takes ~10x the compute. The policy must notice the drop (from the hook's
 own timings) and move to a low-rank or lossy compressor, and both ranks must switch at the
-same step.
+same step. Once compressing, the hook's payloads are too small to time: the link coming back
+is seen by a recovery check (``workers.probe.check_link``) and the probe it calls for.
 """
 
 from __future__ import annotations
@@ -32,17 +34,18 @@ def testbed_ok() -> None:
         pytest.skip(f"network namespaces unavailable: {why}")
 
 
-def job() -> TrainConfig:
+def job(**overrides: object) -> TrainConfig:
     """A CNN on 64 64x64 images a step: its backward hides 0.6 MB of gradients at 1 Gbit/s
     with a wide margin (so a CPU hiccup on this shared machine does not make compression look
     worth it before the drop), while at 20 Mbit/s the all-reduce costs more than the compute.
     Reports every 0.5 s: the policy confirms a level shift over two reports."""
-    return TrainConfig(
+    fields: dict[str, object] = dict(
         name="adaptive-testbed", model="cnn", dataset="synthetic", image_size=64, batch_size=64,
         steps=FAST.steps + SLOW.steps, lr=0.02, workers=2, bucket_cap_mb=0.25,
         compression={"mode": "adaptive", "compressor": "none"},
         report_interval_s=0.5, probe_interval_s=60.0, sync_every=5,
     )
+    return TrainConfig(**{**fields, **overrides})
 
 
 def early_switches(run: JobRun) -> list[dict]:
@@ -87,3 +90,38 @@ def test_policy_moves_to_compression_after_the_link_drops(tmp_path: Path) -> Non
     assert records[0]["applied"] == records[1]["applied"]
     used = set(records[0]["step_compressors"].values())
     assert "none" in used and any(label.startswith(COMPRESSING) for label in used)
+
+
+RISEN = Phase(mbit=1000, steps=60)
+
+
+def recovery_job() -> TrainConfig:
+    """The same job, with the benchmark's probing (every 2 s within 5 % of the run): checks
+    may come every 0.5 s, the budget spaces them ~2 s apart at 20 Mbit/s (~0.1 s each)."""
+    return job(steps=FAST.steps + SLOW.steps + RISEN.steps, probe_interval_s=2.0, probe_budget=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_compressing_job_sees_the_link_come_back_and_stops_compressing(tmp_path: Path) -> None:
+    wait_for_quiet(15.0)
+    with Testbed(hosts=2, mbit=FAST.mbit) as tb:
+        run = run_job(tb, recovery_job(), [FAST, SLOW, RISEN], tmp_path / "run", label="adaptive", timeout_s=180)
+    (_, dropped_at, _), (rise_step, risen_at, _) = run.rate_changes
+    switches = run.summary["switches"]
+    compressing = [s for s in switches if s["to"].startswith(COMPRESSING)]
+    assert compressing, f"never compressed on the slow link: {switches}"
+    # Blind while compressing: the recovery checks ran (the telemetry counts them) ...
+    during = [r for r in run.reports if dropped_at <= r["wall_time"] <= risen_at]
+    assert during and during[-1]["link_checks"] > 0, f"no recovery check while slow: {during[-1:]}"
+    # ... and one of them saw the link come back: a probe follows at once and the reading is
+    # the fast link's within a few checks' time (the next probe by the budget alone would
+    # come later: at 20 Mbit/s a probe costs ~0.5 s, 10 s of run at 5 %).
+    back = [r for r in run.reports if r["wall_time"] > risen_at and r["bandwidth_bytes_per_second"] * 8e-6 > 10 * SLOW.mbit]
+    assert back, f"the reading never showed the link back: {[r['bandwidth_bytes_per_second'] for r in run.reports[-5:]]}"
+    assert back[0]["link_probes"] > max(r["link_probes"] for r in during), "the reading rose without a probe"
+    assert back[0]["wall_time"] - risen_at < 5.0, f"the rise was seen {back[0]['wall_time'] - risen_at:.1f} s late"
+    # Then the policy leaves the low-rank and lossy compressors (fp16 or none; which one is
+    # the cost model's call on this CPU).
+    after = [s for s in switches if s["step"] > rise_step]
+    assert after and not after[-1]["to"].startswith(COMPRESSING), f"still compressing after the rise: {switches}"
