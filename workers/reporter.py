@@ -66,10 +66,12 @@ class Reporter:
         self.batch_size = cfg.data.batch_size
         self.estimate = LinkEstimate.no_link()
         self.passive = PassiveBandwidth(min_of_last=PASSIVE_MIN_OF_LAST)
-        #: Rank 0's steps in a row whose collectives the passive estimate could not use (too
-        #: small to time), counted from the last probe.
+        #: Rank 0's steps in a row that sent too little for the passive estimate to time,
+        #: counted from the last probe.
         self._steps_unseen = 0
-        #: The fastest reading rank 0 has had this run (bytes/s): what the link may come back to.
+        #: The fastest rate a probe has measured this run (bytes/s): what the link may come
+        #: back to. Probes only: the passive reading of a fast link's small buckets scatters
+        #: far above the line rate (2-13 Gbit/s read on the 1 Gbit/s testbed link).
         self._fastest_bps = 0.0
         self.scheduler = ProbeScheduler(probe_interval_s=cfg.probing.interval_s, max_cost_fraction=cfg.probing.budget)
         self.started = time.monotonic()
@@ -96,6 +98,7 @@ class Reporter:
             self.passive = PassiveBandwidth(beta_s_per_byte=estimate.beta_s_per_byte, min_of_last=PASSIVE_MIN_OF_LAST)
             self.passive.anchor(estimate)
             self._steps_unseen = 0
+            self._fastest_bps = max(self._fastest_bps, estimate.bandwidth_bytes_per_second)
             self.scheduler.record(time.monotonic() - self.started, estimate.cost_s)
 
     def probe_at_start(self, process_group: Any = None) -> None:
@@ -107,8 +110,8 @@ class Reporter:
 
         A probe when due, sized to the current estimate (:func:`workers.probe.sized_probe`),
         so it costs about the same at any rate and fits the budget every few seconds. Else,
-        while the passive estimate is blind and the reading is at most half the fastest this
-        run has had (there is a rise to see), a recovery check of the same message size when
+        while the passive estimate is blind and the reading is at most half the fastest rate a
+        probe has measured this run (there is a rise to see), a recovery check of the same message size when
         due (:meth:`~workers.probe_scheduler.ProbeScheduler.check_due`). Not at the fastest
         reading: a check sized to 20 ms at 1000 Mbit/s costs ~0.45 s if the link has in fact
         dropped to 50 (a fixed PowerSGD job in the oscillating scenario spent 6-8 % of its run
@@ -119,8 +122,6 @@ class Reporter:
         elapsed = time.monotonic() - self.started
         current, _ = self.bandwidth()
         large = sized_probe(current)[1]
-        if current:
-            self._fastest_bps = max(self._fastest_bps, current)
         if self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost(large, current)):
             return LinkRequest("probe", large)
         if not (current and self.passive_blind() and current * RISE_FACTOR <= self._fastest_bps):
@@ -132,9 +133,10 @@ class Reporter:
         return None
 
     def passive_blind(self) -> bool:
-        """Whether the passive estimate has used none of the last ``PASSIVE_MIN_OF_LAST``
-        steps' collectives (it takes the fastest of that many): the compressor's payloads are
-        too small to time, so the reading is whatever the last probe or timed step said."""
+        """Whether the last ``PASSIVE_MIN_OF_LAST`` steps (the passive estimate takes the
+        fastest of that many) all sent too little to time: the compressor's payloads are
+        small, so the reading is whatever the last probe or timed step said. A step that sent
+        enough but finished within the latency term is not blind: the link was fast."""
         return self.estimate.has_link and self._steps_unseen >= PASSIVE_MIN_OF_LAST
 
     def measure_link(self, request: LinkRequest | None, process_group: Any = None) -> None:
@@ -189,11 +191,11 @@ class Reporter:
         if self.env.rank != 0:
             return
         self.quality.after_step(self._estimates_can_matter)
-        seen = False
+        timeable = last is not None and last.bytes_sent >= self.passive.min_bytes
         if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
             kind = registry.codec(self.sync.compressor.name).collective
-            seen = self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
-        self._steps_unseen = 0 if seen else self._steps_unseen + 1
+            self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
+        self._steps_unseen = 0 if timeable else self._steps_unseen + 1
         now = time.monotonic()
         if isinstance(self.source, ScriptedDecisions):
             self.source.step = step + 1
