@@ -10,6 +10,15 @@ from statistics import NormalDist
 from typing import NamedTuple
 
 
+def describe_rate(bytes_per_second: float) -> str:
+    """A link rate in bytes/s as people write it, in bits: ``1.06 Gb/s``, ``50 Mb/s``."""
+    bits = 8 * bytes_per_second
+    for unit, scale in (("Gb/s", 1e9), ("Mb/s", 1e6), ("kb/s", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.3g} {unit}"
+    return f"{bits:.3g} b/s"
+
+
 class Link(NamedTuple):
     """α (seconds per message) and β (seconds per byte) of the link between workers.
 

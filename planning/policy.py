@@ -31,7 +31,13 @@ Algorithm of :func:`decide`:
    label in the state and judged as the error whose contraction it is;
    :func:`planning.progress.calibrated_errors`). A lossy candidate with no error is not
    chosen while other candidates have one; with no errors at all, ``τ`` is the step time
-   (the policy of before the quality signal).
+   (the policy of before the quality signal). **An oscillating link** is judged on the mix
+   of its levels (``planning.link_levels``): each report records which side the best choice
+   for the link as it stands is on, lossy or uncompressed (a side wins only by more than
+   ``gain_threshold``); once it changed side ``oscillation_shifts`` times within
+   ``oscillation_window_dwells`` dwells, every candidate's step time is averaged over the
+   levels of that window, weighted by the steps run at each, so the policy settles on the one
+   choice that serves the mix instead of following each phase late.
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
    Otherwise switch only when the predicted gain ``(τ_current − τ_best) / τ_current`` (the
    share of time to accuracy saved) exceeds ``gain_threshold`` and at least ``min_dwell_s``
@@ -53,12 +59,13 @@ from planning import registry
 from planning.costmodel import (
     DEFAULT_TOPK_RATIOS,
     Link,
-    StepPrediction,
     StepProfile,
     alpha_beta_from_bandwidth,
     candidates,
     predict_step,
 )
+from planning.link import describe_rate
+from planning.link_levels import LevelHistory, LevelMix, level_mix, record_level
 from planning.link_smoothing import LinkAverage, LinkSmoothing, fold_sample
 from planning.progress import (
     Measured,
@@ -97,6 +104,10 @@ class PolicyConfig:
     critical_hold_s: float = 30.0
     critical_initial_steps: int = 100
     critical_rank_factor: int = 4
+    #: The link oscillates once its averaged bandwidth shifted level this many times within
+    #: ``oscillation_window_dwells`` dwells; then candidates are judged on the mix of levels.
+    oscillation_shifts: int = 3
+    oscillation_window_dwells: float = 4.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allowed", tuple(self.allowed))
@@ -121,11 +132,20 @@ class PolicyConfig:
             raise ValueError(f"level_shift_reports: must be >= 1, got {self.level_shift_reports}")
         if self.critical_rank_factor < 1:
             raise ValueError(f"critical_rank_factor: must be >= 1, got {self.critical_rank_factor}")
+        if self.oscillation_shifts < 2:
+            raise ValueError(f"oscillation_shifts: must be >= 2, got {self.oscillation_shifts}")
+        if not self.oscillation_window_dwells >= 0:
+            raise ValueError(f"oscillation_window_dwells: must be >= 0, got {self.oscillation_window_dwells!r}")
 
     @property
     def link_smoothing(self) -> LinkSmoothing:
         """How the link's samples are averaged (step 1)."""
         return LinkSmoothing(self.bandwidth_half_life_s, self.level_shift_factor, self.level_shift_reports)
+
+    @property
+    def oscillation_window_s(self) -> float:
+        """How far back level shifts count towards an oscillating link (step 4)."""
+        return self.oscillation_window_dwells * self.min_dwell_s
 
     @property
     def critical_min_rank(self) -> int:
@@ -169,6 +189,8 @@ class PolicyState:
 
     #: The link's averaged bandwidth and latency (``planning.link_smoothing``).
     link: LinkAverage = LinkAverage()
+    #: The levels the averaged link went through lately (``planning.link_levels``).
+    levels: LevelHistory = ()
     last_grad_norm: float | None = None
     critical_until: float | None = None
     last_switch_at: float | None = None
@@ -280,47 +302,89 @@ def adopt_settings(candidate: CompressorSpec, current: CompressorSpec) -> Compre
 # --------------------------------------------------------------------------------------------
 
 
-def _rate(bytes_per_second: float) -> str:
-    bits = 8 * bytes_per_second
-    for unit, scale in (("Gb/s", 1e9), ("Mb/s", 1e6), ("kb/s", 1e3)):
-        if bits >= scale:
-            return f"{bits / scale:.3g} {unit}"
-    return f"{bits:.3g} b/s"
-
-
 @dataclass(frozen=True)
 class _Scored:
     """A candidate's predicted step and its time per unit of progress (step 4)."""
 
     spec: CompressorSpec
-    step: StepPrediction
+    label: str
+    step_s: float  # predicted, averaged over the links it is judged on
     error: float | None
     tau: float  # seconds per uncompressed-step-equivalent of progress
 
-    @property
-    def label(self) -> str:
-        return self.step.label
-
     def describe(self, verb: str = "") -> str:
         lost = "" if self.error is None else f", error {self.error:.3g}"
-        return f"{self.label} {verb}{self.step.step_s:.4g} s/step{lost}"
+        return f"{self.label} {verb}{self.step_s:.4g} s/step{lost}"
 
 
-def _score(spec: CompressorSpec, m: Measurements, link: Link) -> _Scored:
-    step = predict_step(spec, m.profile, m.world_size, link)
+#: The links a candidate is judged on, each with its share of the steps (one link: share 1;
+#: an oscillating link: the mix of its levels, ``planning.link_levels``).
+Links = tuple[tuple[float, Link], ...]
+
+
+def _score(spec: CompressorSpec, m: Measurements, links: Links) -> _Scored:
+    step_s = math.fsum(share * predict_step(spec, m.profile, m.world_size, link).step_s for share, link in links)
     if m.errors is None:
-        return _Scored(spec, step, None, step.step_s)
+        return _Scored(spec, spec.label, step_s, None, step_s)
     error = error_of(spec.label, spec.name, m.errors)
-    tau = math.inf if error is None else seconds_per_progress(step.step_s, error)
-    return _Scored(spec, step, error, tau)
+    tau = math.inf if error is None else seconds_per_progress(step_s, error)
+    return _Scored(spec, spec.label, step_s, error, tau)
 
 
-def _best(options: Iterable[CompressorSpec], m: Measurements, link: Link) -> _Scored | None:
+def _best(options: Iterable[CompressorSpec], m: Measurements, links: Links) -> _Scored | None:
     """The option with the least time per progress; ``min`` keeps the first (least lossy) of
     equal ones. None when no option can be judged (every one lossy and unmeasured)."""
-    scored = [_score(spec, m, link) for spec in options]
+    scored = [_score(spec, m, links) for spec in options]
     judged = [s for s in scored if math.isfinite(s.tau)]
     return min(judged, key=lambda s: s.tau) if judged else None
+
+
+def _link_now(state: PolicyState, m: Measurements) -> Links:
+    """The averaged link as it stands, share 1."""
+    bandwidth, latency = state.link.bandwidth, state.link.latency
+    assert bandwidth is not None and latency is not None
+    return ((1.0, _link_at(bandwidth, state, m)),)
+
+
+def _link_at(bandwidth: float, state: PolicyState, m: Measurements) -> Link:
+    assert state.link.latency is not None
+    return alpha_beta_from_bandwidth(bandwidth, alpha_of(state.link.latency, m.world_size))._replace(wake_s=m.wake_s)
+
+
+def _lossy(spec: CompressorSpec) -> bool:
+    """Whether ``spec`` is a lossy compressor (not ``none`` or a cast, whose error is known)."""
+    return registry.codec(spec.name).known_error is None
+
+
+def _side(best: _Scored, current: _Scored, threshold: float) -> bool:
+    """Which side the policy would be on for the link as it stands, dwell aside: the best
+    option's when it saves more than ``threshold`` of the current choice's time per progress
+    (the policy would switch to it), else the current choice's (it would keep it). True: a
+    lossy compressor.
+
+    Why not the best option's side alone: on a steady fast link the sides lie within a few per
+    cent of each other (ACP-SGD r16 predicted 4-7 % ahead of ``none`` at readings of
+    0.7-4 Gbit/s, fp16 and ``none`` within 3 %), and the reading's swings flipped the better
+    one back and forth a dozen times in 17 s of the benchmark's steady-fast run; only a move
+    the policy would make is a change of side.
+    """
+    return _lossy(best.spec) if _gain(current, best) > threshold else _lossy(current.spec)
+
+
+def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float,
+                     best_now: _Scored) -> tuple[PolicyState, Links, LevelMix | None]:
+    """Record which side the policy would be on for the link as it stands (lossy or not,
+    :func:`_side`; ``best_now``: the best option there), and the links to judge on: the link
+    as it stands, or the mix of its levels when that side has changed often lately
+    (``planning.link_levels``)."""
+    current_now = _score(m.current, _doubt_in_favour(m, state), _link_now(state, m))
+    lossy = _side(best_now, current_now, cfg.gain_threshold)
+    levels = record_level(state.levels, state.link.bandwidth, lossy, now, m.step, cfg.oscillation_window_s)
+    state = dataclasses.replace(state, levels=levels)
+    mix = level_mix(levels, now, m.step, cfg.oscillation_window_s, cfg.oscillation_shifts)
+    if mix is None:
+        return state, _link_now(state, m), None
+    return state, tuple((share, _link_at(level.bandwidth, state, m)) for share, level in zip(mix.shares, mix.levels)), mix
 
 
 def alpha_of(all_reduce_latency_s: float, world_size: int) -> float:
@@ -339,20 +403,23 @@ def decide(
         state = dataclasses.replace(state, spread=record_spread(state.spread, state.measured, *m.running_efficiency),
                                     measured=record_running(state.measured, *m.running_efficiency))
     m = dataclasses.replace(m, errors=calibrated_errors(m.errors, state.measured))
-    bandwidth, latency = state.link.bandwidth, state.link.latency
-    assert bandwidth is not None and latency is not None
-    link = alpha_beta_from_bandwidth(bandwidth, alpha_of(latency, m.world_size))._replace(
-        wake_s=m.wake_s)
 
     pool = [adopt_settings(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)
     passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
-    current = _score(m.current, _doubt_in_favour(m, state), link)
-    best = _best(passing, m, link) if passing else None
+    best = _best(passing, m, _link_now(state, m)) if passing else None
     if best is None:
+        current = _score(m.current, m, _link_now(state, m))
         why = "no candidate passes the quality guard" if not passing else "no passing candidate has a measured error yet"
-        return Keep(why, current.step.step_s), state
-    context = f"at {_rate(bandwidth)}, {m.world_size} workers"
+        return Keep(why, current.step_s), state
+    state, links, mix = _judge_on_levels(state, m, cfg, now, best)
+    if mix is not None:
+        best = _best(passing, m, links) or best
+    current = _score(m.current, _doubt_in_favour(m, state), links)
+    assert state.link.bandwidth is not None
+    context = f"at {describe_rate(state.link.bandwidth)}, {m.world_size} workers"
+    if mix is not None:
+        context += f"; {mix.describe(cfg.oscillation_window_s)}"
     if critical:
         context += f"; critical regime: {critical_why}"
     elif critical_why is not None:
@@ -364,20 +431,20 @@ def decide(
         reason = f"quality guard: {failure}; {best.describe()} is the {objective} that passes ({context})"
         return _switch(best.spec, current, best, reason, state, now)
     if _same_choice(best.spec, m.current):
-        return Keep(f"{current.describe()} is predicted {objective} ({context})", current.step.step_s), state
+        return Keep(f"{current.describe()} is predicted {objective} ({context})", current.step_s), state
 
     gain = _gain(current, best)
     saving = "faster" if m.errors is None else "less time per progress"
     comparison = f"{best.describe('predicted ')} vs {current.describe()} ({gain:.1%} {saving}, {context})"
     if gain <= cfg.gain_threshold:
-        return Keep(f"{comparison}; below the {cfg.gain_threshold:.0%} threshold", current.step.step_s), state
+        return Keep(f"{comparison}; below the {cfg.gain_threshold:.0%} threshold", current.step_s), state
     if state.last_switch_at is not None and now - state.last_switch_at < cfg.min_dwell_s:
         waited = now - state.last_switch_at
         if _trial_measured(state, m.current.label):
             return _switch(best.spec, current, best, f"{comparison}; {m.current.label} was chosen on an estimate "
                            f"and two exchanges have measured it: its dwell ends early ({waited:.0f} s)", state, now)
         return Keep(f"{comparison}; last switch {waited:.0f} s ago (min dwell {cfg.min_dwell_s:.0f} s)",
-                    current.step.step_s), state
+                    current.step_s), state
     return _switch(best.spec, current, best, comparison, state, now)
 
 
@@ -453,8 +520,8 @@ def _switch(
     state: PolicyState,
     now: float,
 ) -> tuple[Switch, PolicyState]:
-    decision = Switch(spec=spec, gain=_gain(current, best), current_step_s=current.step.step_s,
-                      new_step_s=best.step.step_s, reason=reason)
+    decision = Switch(spec=spec, gain=_gain(current, best), current_step_s=current.step_s,
+                      new_step_s=best.step_s, reason=reason)
     trial = spec.label if spec.label not in dict(state.measured) else None
     return decision, dataclasses.replace(state, last_switch_at=now, awaiting=spec.label, trial=trial,
                                          switches=state.switches + 1)
