@@ -63,6 +63,15 @@ def ring_coefficients(kind: str, world_size: int) -> tuple[float, float]:
     raise ValueError(f"kind: must be 'all_reduce' or 'all_gather', got {kind!r}")
 
 
+def implied_beta(kind: str, world_size: int, alpha_s: float, nbytes: float, seconds: float) -> float | None:
+    """β (seconds per byte) that one timed ring collective implies under latency ``alpha_s``:
+    the ring formula of :func:`ring_coefficients` solved for β. None when the latency term
+    covers the whole time (no transfer left to see: as fast as can be told)."""
+    latency, per_byte = ring_coefficients(kind, world_size)
+    transfer_s = seconds - latency * alpha_s
+    return None if transfer_s <= 0 else transfer_s / (per_byte * nbytes)
+
+
 def all_reduce_s(nbytes: float, world_size: int, link: Link) -> float:
     """Ring all-reduce of ``nbytes``: ``2(N−1)·α + 2(N−1)/N · b·β``; zero for one worker."""
     latency, per_byte = ring_coefficients("all_reduce", world_size)

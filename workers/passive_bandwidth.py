@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from planning.costmodel import ring_coefficients
+from planning.link import implied_beta
 from workers.link_estimate import LinkEstimate
 
 CollectiveKind = Literal["all_reduce", "all_gather"]
@@ -66,11 +66,10 @@ class PassiveBandwidth:
         """Fold one collective's timing in; return whether it was used."""
         if world_size < 2 or nbytes < self.min_bytes or seconds <= 0:
             return False
-        lat, per_byte = ring_coefficients(kind, world_size)
-        transfer_s = seconds - lat * self.alpha_s
-        if transfer_s <= 0:
+        sample = implied_beta(kind, world_size, self.alpha_s, nbytes, seconds)
+        if sample is None:
             return False
-        self._recent.append(transfer_s / (per_byte * nbytes))
+        self._recent.append(sample)
         beta = min(self._recent)
         prev = self.beta_s_per_byte
         self.beta_s_per_byte = beta if prev is None else prev + self.smoothing * (beta - prev)

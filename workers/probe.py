@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Sequence
 
-from planning.costmodel import ring_coefficients
+from planning.link import implied_beta
 from workers.link_estimate import LinkEstimate, all_reduce_seconds, fit_alpha_beta
 
 if TYPE_CHECKING:
@@ -215,17 +215,15 @@ def implied_bandwidth(estimate: LinkEstimate, check: LinkCheck) -> float:
     The check's time less the latency term is the transfer; none left (the whole message
     within the latency) is infinitely fast as far as can be seen.
     """
-    lat, per_byte = ring_coefficients("all_reduce", estimate.world_size)
-    transfer_s = check.seconds - lat * estimate.alpha_s
-    return math.inf if transfer_s <= 0 else per_byte * check.nbytes / transfer_s
+    beta = implied_beta("all_reduce", estimate.world_size, estimate.alpha_s, check.nbytes, check.seconds)
+    return math.inf if beta is None else 1.0 / beta
 
 
-def link_rose(estimate: LinkEstimate, check: LinkCheck, reading_bps: float | None = None) -> bool:
-    """Whether ``check`` implies at least :data:`RISE_FACTOR` times the reading (by default
-    ``estimate``'s bandwidth; its latency is used either way). The inputs are the same on
-    every rank, so is the answer."""
-    reading = estimate.bandwidth_bytes_per_second if reading_bps is None else reading_bps
-    return estimate.has_link and implied_bandwidth(estimate, check) >= RISE_FACTOR * reading
+def link_rose(estimate: LinkEstimate, check: LinkCheck, reading_bps: float) -> bool:
+    """Whether ``check`` implies at least :data:`RISE_FACTOR` times ``reading_bps`` (the
+    reading rank 0 sent with the request; ``estimate`` gives the latency). The inputs are the
+    same on every rank, so is the answer."""
+    return estimate.has_link and implied_bandwidth(estimate, check) >= RISE_FACTOR * reading_bps
 
 
 def wake_up_seconds(tensor: "torch.Tensor", process_group: "dist.ProcessGroup | None", device: "torch.device",

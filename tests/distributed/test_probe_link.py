@@ -138,8 +138,8 @@ dist.barrier()
 back = check_link(None, nbytes)
 dist.destroy_process_group()
 print(json.dumps({"probe_mbit": est.bandwidth_bytes_per_second * 8 / 1e6, "probe_cost_s": est.cost_s,
-                  "nbytes": nbytes, "same": [same.seconds, same.cost_s, link_rose(est, same)],
-                  "back": [back.seconds, back.cost_s, link_rose(est, back)]}))
+                  "nbytes": nbytes, "same": [same.seconds, same.cost_s, link_rose(est, same, est.bandwidth_bytes_per_second)],
+                  "back": [back.seconds, back.cost_s, link_rose(est, back, est.bandwidth_bytes_per_second)]}))
 """
 
 

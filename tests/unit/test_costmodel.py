@@ -320,3 +320,15 @@ def test_costmodel_and_policy_do_not_import_torch():
     code = "import planning.costmodel, planning.policy, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
+
+
+@pytest.mark.parametrize("kind,world_size", [("all_reduce", 2), ("all_reduce", 8), ("all_gather", 4)])
+def test_implied_beta_solves_the_ring_formula_for_beta(kind: str, world_size: int) -> None:
+    from planning.link import Link, all_gather_s, all_reduce_s, implied_beta
+
+    link = Link(alpha=2e-4, beta=8 / 50e6)
+    timed = all_reduce_s if kind == "all_reduce" else all_gather_s
+    seconds = timed(1e6, world_size, link)
+    assert implied_beta(kind, world_size, link.alpha, 1e6, seconds) == pytest.approx(link.beta)
+    latency_only = timed(0.0, world_size, link)
+    assert implied_beta(kind, world_size, link.alpha, 1e6, latency_only) is None  # nothing left to see

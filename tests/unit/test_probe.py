@@ -251,7 +251,7 @@ def test_the_link_rose_when_a_check_implies_twice_the_readings_bandwidth(now_mbi
     slow = _estimate_at(50)
     nbytes = 256 * 1024
     seconds = all_reduce_seconds(nbytes, 2, slow.alpha_s, 8 / (now_mbit * MB))
-    assert link_rose(slow, LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds)) is rose
+    assert link_rose(slow, LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds), slow.bandwidth_bytes_per_second) is rose
 
 
 def test_a_check_is_judged_against_the_reading_it_was_asked_for() -> None:
@@ -263,7 +263,7 @@ def test_a_check_is_judged_against_the_reading_it_was_asked_for() -> None:
     nbytes = 256 * 1024
     seconds = all_reduce_seconds(nbytes, 2, fast.alpha_s, fast.beta_s_per_byte)
     check = LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds)
-    assert not link_rose(fast, check)
+    assert not link_rose(fast, check, fast.bandwidth_bytes_per_second)
     assert link_rose(fast, check, reading_bps=50 * MB / 8)
 
 
@@ -275,8 +275,8 @@ def test_a_shapers_burst_does_not_read_as_a_rise() -> None:
     slow = _estimate_at(50)
     nbytes, burst = 256 * 1024, 64 * 1024
     seconds = all_reduce_seconds(nbytes - burst, 2, slow.alpha_s, slow.beta_s_per_byte)
-    assert not link_rose(slow, LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds))
-    assert not link_rose(LinkEstimate.no_link(), LinkCheck(nbytes=nbytes, seconds=1e-6, cost_s=0.0))
+    assert not link_rose(slow, LinkCheck(nbytes=nbytes, seconds=seconds, cost_s=seconds), slow.bandwidth_bytes_per_second)
+    assert not link_rose(LinkEstimate.no_link(), LinkCheck(nbytes=nbytes, seconds=1e-6, cost_s=0.0), 1.0)
 
 
 @pytest.mark.parametrize("kwargs", [{"probe_interval_s": 0}, {"max_cost_fraction": 0}, {"max_cost_fraction": 1.5}])
