@@ -379,7 +379,8 @@ def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now
     (``planning.link_levels``)."""
     current_now = _score(m.current, _doubt_in_favour(m, state), _link_now(state, m))
     lossy = _side(best_now, current_now, cfg.gain_threshold)
-    levels = record_level(state.levels, state.link.bandwidth, lossy, now, m.step, cfg.oscillation_window_s)
+    levels = record_level(state.levels, state.link.bandwidth, lossy, now, m.step, cfg.level_shift_factor,
+                          2 * cfg.oscillation_window_s)
     state = dataclasses.replace(state, levels=levels)
     mix = level_mix(levels, now, m.step, cfg.oscillation_window_s, cfg.oscillation_shifts)
     if mix is None:
