@@ -41,39 +41,60 @@ from planning.link import describe_rate
 
 
 @dataclass(frozen=True)
-class Level:
-    """A stretch of reports at one level of the averaged bandwidth."""
+class Stretch:
+    """A stretch of reports over which the averaged bandwidth stayed within the shift factor
+    of where it began: what the mix weighs (the link's level, whichever side the policy was on)."""
 
     since: float  # time of its first report
     since_step: int | None  # the step of its first report (None: not reported)
-    lossy: bool  # whether the policy would compress (a lossy compressor) at the link as it stood
     anchor: float  # bytes/s: the average when it began
     bandwidth: float  # bytes/s: the latest average within it
 
 
-#: The levels seen, oldest first; the last is the one in progress.
+@dataclass(frozen=True)
+class Level(Stretch):
+    """A stretch of reports with the policy on one side (see the module docstring)."""
+
+    lossy: bool = False  # whether the policy would compress (a lossy compressor) at the link as it stood
+
+
+#: Levels or stretches, oldest first; the last is the one in progress.
 LevelHistory = tuple[Level, ...]
+StretchHistory = tuple[Stretch, ...]
 
 
 @dataclass(frozen=True)
 class LevelMix:
-    """The levels an oscillating link went through within the window, and their weights."""
+    """The link's stretches within the span of an oscillation, and their weights."""
 
-    levels: tuple[Level, ...]  # the levels within the window
-    shares: tuple[float, ...]  # each level's share of the steps within the window; they sum to 1
-    shifts: int  # level shifts within the window
+    stretches: tuple[Stretch, ...]
+    shares: tuple[float, ...]  # each stretch's share of the steps within the span; they sum to 1
+    shifts: int  # changes of level within the span
+    span_s: float
 
-    def describe(self, window_s: float) -> str:
-        """The mix in words, by side: ``33% of steps compressing (50 Mb/s), 67% not (1.2 Gb/s)``
-        (each side's bandwidth the share-weighted geometric mean of its levels)."""
+    def describe(self) -> str:
+        """The mix in words, the stretches grouped below and above the geometric middle of the
+        slowest and fastest: ``28% of steps at 48 Mb/s, 72% at 1.34 Gb/s``."""
+        rates = [stretch.bandwidth for stretch in self.stretches]
+        middle = math.sqrt(min(rates) * max(rates))
         parts = []
-        for lossy, side in ((True, "compressing"), (False, "not")):
-            picked = [(share, level.bandwidth) for share, level in zip(self.shares, self.levels) if level.lossy == lossy]
+        for group in ([r <= middle for r in rates], [r > middle for r in rates]):
+            picked = [(share, rate) for share, rate, inside in zip(self.shares, rates, group) if inside]
             total = math.fsum(share for share, _ in picked)
             if total > 0:
-                mean = math.exp(math.fsum(share * math.log(b) for share, b in picked) / total)
-                parts.append(f"{total:.0%} of steps {side} ({describe_rate(mean)})")
-        return f"link oscillates ({self.shifts} level shifts in {window_s:.0f} s): judged on the mix, {', '.join(parts)}"
+                mean = math.exp(math.fsum(share * math.log(rate) for share, rate in picked) / total)
+                parts.append(f"{total:.0%} of steps at {describe_rate(mean)}")
+        return f"link oscillates ({self.shifts} level changes in {self.span_s:.0f} s): judged on the mix, {', '.join(parts)}"
+
+
+def _moved(anchor: float, bandwidth: float, factor: float) -> bool:
+    return max(bandwidth / anchor, anchor / bandwidth) > factor
+
+
+def _trim(history: tuple, now: float, keep_s: float) -> tuple:
+    """``history`` without the entries that ended more than ``keep_s`` before ``now``."""
+    ends = [entry.since for entry in history[1:]] + [now]
+    return tuple(entry for entry, end in zip(history, ends) if end >= now - keep_s)
 
 
 def record_level(history: LevelHistory, bandwidth: float | None, lossy: bool, now: float, step: int | None,
@@ -84,26 +105,36 @@ def record_level(history: LevelHistory, bandwidth: float | None, lossy: bool, no
     ago are dropped. No link (None or an infinite bandwidth, one worker) forgets the history."""
     if bandwidth is None or not math.isfinite(bandwidth):
         return ()
-    if history:
-        last = history[-1]
-        moved = max(bandwidth / last.anchor, last.anchor / bandwidth) > shift_factor
-        if last.lossy != lossy and not moved and len(history) > 1 and history[-2].lossy == lossy:
-            # The side went back to the previous level's without the link moving: the change
-            # that began this level was the policy learning, not the link; it is undone.
-            before = history[-2]
-            history = history[:-2] + (Level(before.since, before.since_step, lossy, before.anchor, bandwidth),)
-        elif last.lossy == lossy or not moved:
-            history = history[:-1] + (Level(last.since, last.since_step, lossy, last.anchor, bandwidth),)
-        else:
-            history = history + (Level(now, step, lossy, bandwidth, bandwidth),)
+    if not history:
+        return (Level(now, step, bandwidth, bandwidth, lossy),)
+    last = history[-1]
+    moved = _moved(last.anchor, bandwidth, shift_factor)
+    if last.lossy != lossy and not moved and len(history) > 1 and history[-2].lossy == lossy:
+        # The side went back to the previous level's without the link moving: the change
+        # that began this level was the policy learning, not the link; it is undone.
+        before = history[-2]
+        history = history[:-2] + (Level(before.since, before.since_step, before.anchor, bandwidth, lossy),)
+    elif last.lossy == lossy or not moved:
+        history = history[:-1] + (Level(last.since, last.since_step, last.anchor, bandwidth, lossy),)
     else:
-        history = (Level(now, step, lossy, bandwidth, bandwidth),)
-    ends = [level.since for level in history[1:]] + [now]
-    return tuple(level for level, end in zip(history, ends) if end >= now - keep_s)
+        history = history + (Level(now, step, bandwidth, bandwidth, lossy),)
+    return _trim(history, now, keep_s)
 
 
-def level_mix(history: LevelHistory, now: float, step: int | None, window_s: float,
-              min_shifts: int) -> LevelMix | None:
+def record_stretch(history: StretchHistory, bandwidth: float | None, now: float, step: int | None,
+                   shift_factor: float, keep_s: float) -> StretchHistory:
+    """``history`` with this report: a new stretch when the average moved beyond
+    ``shift_factor`` of the stretch's anchor, else the stretch in progress updated."""
+    if bandwidth is None or not math.isfinite(bandwidth):
+        return ()
+    if history and not _moved(history[-1].anchor, bandwidth, shift_factor):
+        last = history[-1]
+        return _trim(history[:-1] + (Stretch(last.since, last.since_step, last.anchor, bandwidth),), now, keep_s)
+    return _trim(history + (Stretch(now, step, bandwidth, bandwidth),), now, keep_s)
+
+
+def level_mix(levels: LevelHistory, stretches: StretchHistory, now: float, step: int | None, window_s: float,
+              min_shifts: int, separation: float) -> LevelMix | None:
     """The mix of levels while the link oscillates, else None (the link holds a level: follow it).
 
     It oscillates while the last ``min_shifts`` changes of side each came within ``window_s``
@@ -116,35 +147,50 @@ def level_mix(history: LevelHistory, now: float, step: int | None, window_s: flo
     ends once a whole window passed without a change (:func:`record_level` keeps
     ``2 · window_s`` of history for it).
 
-    Each level weighs by the steps run at it within the span (a level that began before the
-    span by its steps times the share of its time inside it); by its seconds when a step is
-    unknown. Steps, not seconds: what a fixed choice pays over the mix is its step time at
+    And every uncompressed level in the span must have begun at least ``separation`` times as
+    fast as every lossy one (their anchors): a link that truly swings between a level that calls for compression and
+    one that does not. Why: in fast-slow-fast the fast link's averaged reading dipped 2.4x
+    (1336 to 548 Mbit/s) in its first phase, the policy tried a lossy compressor on an
+    estimate there and went back as the reading recovered, and with the drop that followed
+    three changes read as oscillating; the mix then held compression for a window after the
+    link came back. The oscillating link's levels began 8x and more apart.
+
+    The weights come from the bandwidth's stretches (:func:`record_stretch`), not the levels:
+    a level can span both rates (compressing, the policy saw the link come back without a
+    move worth a switch, and stayed on its side). Each stretch weighs by the steps run at it
+    within the span (one that began before the span by its steps times the share of its
+    time inside it); by its seconds when a step is unknown. Steps, not seconds: what a fixed choice pays over the mix is its step time at
     each level times the steps it runs there, and a link that changes with the work done
     (the benchmark's schedule) gives every choice the same steps at each level.
     """
-    shift_times = [level.since for level in history[1:]]
+    shift_times = [level.since for level in levels[1:]]
     if window_s <= 0 or len(shift_times) < min_shifts or now - shift_times[-1] > window_s:
         return None
     recent = shift_times[-min_shifts:]
     if any(later - earlier > window_s for earlier, later in zip(recent, recent[1:])):
         return None
     start = min(now - window_s, recent[0])
-    shifts = sum(1 for t in shift_times if t >= start)
-    ends = [(level.since, level.since_step) for level in history[1:]] + [(now, step)]
-    by_steps = all(s is not None for s in [level.since_step for level in history] + [step])
-    weights: list[tuple[float, Level]] = []
-    for level, (end, end_step) in zip(history, ends):
-        if end < start or end <= level.since:
+    in_span = [level for level, end in zip(levels, shift_times + [now]) if end >= start]
+    lossy = [level.anchor for level in in_span if level.lossy]
+    plain = [level.anchor for level in in_span if not level.lossy]
+    if lossy and plain and min(plain) < separation * max(lossy):
+        return None
+    ends = [(stretch.since, stretch.since_step) for stretch in stretches[1:]] + [(now, step)]
+    by_steps = all(s is not None for s in [stretch.since_step for stretch in stretches] + [step])
+    weights: list[tuple[float, Stretch]] = []
+    for stretch, (end, end_step) in zip(stretches, ends):
+        if end < start or end <= stretch.since:
             continue
-        inside = (end - max(level.since, start)) / (end - level.since)
+        inside = (end - max(stretch.since, start)) / (end - stretch.since)
         if by_steps:
-            assert level.since_step is not None and end_step is not None
-            weight = max(0, end_step - level.since_step) * inside
+            assert stretch.since_step is not None and end_step is not None
+            weight = max(0, end_step - stretch.since_step) * inside
         else:
-            weight = end - max(level.since, start)
+            weight = end - max(stretch.since, start)
         if weight > 0:
-            weights.append((weight, level))
+            weights.append((weight, stretch))
     total = math.fsum(w for w, _ in weights)
     if total <= 0:
         return None
-    return LevelMix(tuple(level for _, level in weights), tuple(w / total for w, _ in weights), shifts)
+    return LevelMix(tuple(stretch for _, stretch in weights), tuple(w / total for w, _ in weights),
+                    sum(1 for t in shift_times if t >= start), now - start)

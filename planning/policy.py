@@ -65,7 +65,7 @@ from planning.costmodel import (
     predict_step,
 )
 from planning.link import describe_rate
-from planning.link_levels import LevelHistory, LevelMix, level_mix, record_level
+from planning.link_levels import LevelHistory, LevelMix, StretchHistory, level_mix, record_level, record_stretch
 from planning.link_smoothing import LinkAverage, LinkSmoothing, fold_sample
 from planning.progress import (
     Measured,
@@ -189,8 +189,9 @@ class PolicyState:
 
     #: The link's averaged bandwidth and latency (``planning.link_smoothing``).
     link: LinkAverage = LinkAverage()
-    #: The levels the averaged link went through lately (``planning.link_levels``).
+    #: The levels the averaged link went through lately, and its stretches (``planning.link_levels``).
     levels: LevelHistory = ()
+    stretches: StretchHistory = ()
     last_grad_norm: float | None = None
     critical_until: float | None = None
     last_switch_at: float | None = None
@@ -379,13 +380,15 @@ def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now
     (``planning.link_levels``)."""
     current_now = _score(m.current, _doubt_in_favour(m, state), _link_now(state, m))
     lossy = _side(best_now, current_now, cfg.gain_threshold)
-    levels = record_level(state.levels, state.link.bandwidth, lossy, now, m.step, cfg.level_shift_factor,
-                          2 * cfg.oscillation_window_s)
-    state = dataclasses.replace(state, levels=levels)
-    mix = level_mix(levels, now, m.step, cfg.oscillation_window_s, cfg.oscillation_shifts)
+    keep_s = 2 * cfg.oscillation_window_s
+    levels = record_level(state.levels, state.link.bandwidth, lossy, now, m.step, cfg.level_shift_factor, keep_s)
+    stretches = record_stretch(state.stretches, state.link.bandwidth, now, m.step, cfg.level_shift_factor, keep_s)
+    state = dataclasses.replace(state, levels=levels, stretches=stretches)
+    mix = level_mix(levels, stretches, now, m.step, cfg.oscillation_window_s, cfg.oscillation_shifts,
+                    cfg.level_shift_factor ** 2)
     if mix is None:
         return state, _link_now(state, m), None
-    return state, tuple((share, _link_at(level.bandwidth, state, m)) for share, level in zip(mix.shares, mix.levels)), mix
+    return state, tuple((share, _link_at(s.bandwidth, state, m)) for share, s in zip(mix.shares, mix.stretches)), mix
 
 
 def alpha_of(all_reduce_latency_s: float, world_size: int) -> float:
@@ -420,7 +423,7 @@ def decide(
     assert state.link.bandwidth is not None
     context = f"at {describe_rate(state.link.bandwidth)}, {m.world_size} workers"
     if mix is not None:
-        context += f"; {mix.describe(cfg.oscillation_window_s)}"
+        context += f"; {mix.describe()}"
     if critical:
         context += f"; critical regime: {critical_why}"
     elif critical_why is not None:

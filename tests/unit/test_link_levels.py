@@ -4,11 +4,12 @@ levels, on synthetic traces with a frozen clock: plain floats, no torch."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from planning.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, candidates, predict_step
-from planning.link_levels import level_mix, record_level
+from planning.link_levels import level_mix, record_level, record_stretch
 from planning.policy import Measurements, PolicyConfig, PolicyState, Switch, decide
 from planning.progress import seconds_per_progress
 from planning.spec import CompressorSpec, make_spec
@@ -54,35 +55,62 @@ def test_levels_that_ended_before_the_window_are_forgotten_and_no_link_forgets_a
     assert record_level(history, None, False, 101.0, None, 2.0, 60.0) == ()
 
 
-def test_the_mix_weighs_each_level_by_its_steps_within_the_window() -> None:
-    history = ()
+def histories(reports, keep_s: float = 100.0):
+    """Levels and stretches from (time, step, bandwidth) reports; the side is lossy below 100 Mbit/s."""
+    levels, stretches = (), ()
+    for t, step, bandwidth in reports:
+        levels = record_level(levels, bandwidth, bandwidth < 100e6 / 8, float(t), step, 2.0, keep_s)
+        stretches = record_stretch(stretches, bandwidth, float(t), step, 2.0, keep_s)
+    return levels, stretches
+
+
+def test_the_mix_weighs_each_stretch_by_its_steps_within_the_span() -> None:
     # 40 steps fast (8 s), 20 steps slow (4 s), twice, then 20 steps fast.
-    for t, step, bandwidth in ((0, 0, GBIT10), (8, 40, MBIT50), (12, 60, GBIT10), (20, 100, MBIT50),
-                               (24, 120, GBIT10)):
-        history = record_level(history, bandwidth, bandwidth == MBIT50, float(t), step, 2.0, 100.0)
-    assert level_mix(history, 28.0, 140, 100.0, 5) is None  # four shifts, five needed
-    mix = level_mix(history, 28.0, 140, 100.0, 4)
-    assert mix is not None and mix.shifts == 4 and [level.bandwidth for level in mix.levels] == [
+    levels, stretches = histories([(0, 0, GBIT10), (8, 40, MBIT50), (12, 60, GBIT10), (20, 100, MBIT50),
+                                   (24, 120, GBIT10)])
+    assert level_mix(levels, stretches, 28.0, 140, 100.0, 5, 4.0) is None  # four changes, five needed
+    mix = level_mix(levels, stretches, 28.0, 140, 100.0, 4, 4.0)
+    assert mix is not None and mix.shifts == 4 and [s.bandwidth for s in mix.stretches] == [
         GBIT10, MBIT50, GBIT10, MBIT50, GBIT10]
     assert mix.shares == pytest.approx([40 / 140, 20 / 140, 40 / 140, 20 / 140, 20 / 140])
-    assert mix.describe(100.0) == ("link oscillates (4 level shifts in 100 s): judged on the mix, "
-                                   "29% of steps compressing (50 Mb/s), 71% of steps not (10 Gb/s)")
+    assert mix.describe() == ("link oscillates (4 level changes in 100 s): judged on the mix, "
+                              "29% of steps at 50 Mb/s, 71% of steps at 10 Gb/s")
     # A window that starts halfway through the first fast stretch counts half its steps.
-    mix = level_mix(history, 28.0, 140, 24.0, 3)
+    mix = level_mix(levels, stretches, 28.0, 140, 24.0, 3, 4.0)
     assert mix is not None and mix.shares[0] == pytest.approx(20 / 120)
     # Without steps, seconds weigh.
-    by_time = ()
-    for t, bandwidth in ((0, GBIT10), (8, MBIT50), (12, GBIT10), (20, MBIT50)):
-        by_time = record_level(by_time, bandwidth, bandwidth == MBIT50, float(t), None, 2.0, 100.0)
-    mix = level_mix(by_time, 24.0, None, 100.0, 3)
+    levels, stretches = histories([(0, None, GBIT10), (8, None, MBIT50), (12, None, GBIT10), (20, None, MBIT50)])
+    mix = level_mix(levels, stretches, 24.0, None, 100.0, 3, 4.0)
     assert mix is not None and mix.shares == pytest.approx([8 / 24, 4 / 24, 8 / 24, 4 / 24])
-    assert level_mix(by_time, 24.0, None, 0.0, 3) is None  # no window (a zero dwell): never oscillating
+    assert level_mix(levels, stretches, 24.0, None, 0.0, 3, 4.0) is None  # no window (a zero dwell)
     # Changes further apart than the window are a link that changes, not one that oscillates.
-    spaced = ()
-    for t in range(0, 50, 10):
-        spaced = record_level(spaced, MBIT50 if t % 20 else GBIT10, bool(t % 20), float(t), None, 2.0, 100.0)
-    assert len(spaced) == 5 and level_mix(spaced, 41.0, None, 8.0, 3) is None
-    assert level_mix(spaced, 41.0, None, 10.0, 3) is not None
+    levels, stretches = histories([(t, None, MBIT50 if t % 20 else GBIT10) for t in range(0, 50, 10)])
+    assert len(levels) == 5 and level_mix(levels, stretches, 41.0, None, 8.0, 3, 4.0) is None
+    assert level_mix(levels, stretches, 41.0, None, 10.0, 3, 4.0) is not None
+
+
+def test_a_level_that_spans_both_rates_is_weighed_by_its_stretches() -> None:
+    """Compressing, the policy saw the link come back without a move worth a switch: its level
+    stays lossy across the rise, but the mix weighs the fast stretch at the fast rate."""
+    levels, stretches = (), ()
+    for t, step, bandwidth, lossy in ((0, 0, GBIT10, False), (8, 40, MBIT50, True), (12, 60, GBIT10, False),
+                                      (20, 100, MBIT50, True), (24, 120, GBIT10, True)):
+        levels = record_level(levels, bandwidth, lossy, float(t), step, 2.0, 100.0)
+        stretches = record_stretch(stretches, bandwidth, float(t), step, 2.0, 100.0)
+    assert len(levels) == 4 and len(stretches) == 5 and levels[-1].bandwidth == GBIT10
+    mix = level_mix(levels, stretches, 28.0, 140, 100.0, 3, 4.0)
+    assert mix is not None and math.fsum(share for share, s in zip(mix.shares, mix.stretches)
+                                         if s.bandwidth == MBIT50) == pytest.approx(40 / 140)
+
+
+def test_levels_on_the_two_sides_closer_than_the_separation_are_no_oscillation() -> None:
+    """A dip of the fast link's reading with a lossy trial on it, then the drop (fast-slow-fast)."""
+    levels, stretches = (), ()
+    for t, bandwidth in ((0, 1336e6), (1, 548e6), (4, 1150e6), (7, 51e6)):
+        levels = record_level(levels, bandwidth / 8, bandwidth < 600e6, float(t), 20 * t, 2.0, 100.0)
+        stretches = record_stretch(stretches, bandwidth / 8, float(t), 20 * t, 2.0, 100.0)
+    assert len(levels) == 4 and level_mix(levels, stretches, 8.0, 160, 8.0, 3, 4.0) is None
+    assert level_mix(levels, stretches, 8.0, 160, 8.0, 3, 2.0) is not None
 
 
 def oscillating(step: int) -> float:
@@ -132,7 +160,7 @@ def test_on_an_oscillating_link_the_policy_settles_on_the_best_fixed_choice_for_
     assert len(switches) <= 3 and switches[-1][1].spec.label == best, settled
     assert switches[-1][0] <= 2 * DEFAULTS.min_dwell_s  # within two dwells of the first shift
     assert last_reason.startswith(best) and "is predicted most progress per second" in last_reason
-    assert "judged on the mix, 33% of steps compressing (50 Mb/s), 67% of steps not (10 Gb/s)" in last_reason
+    assert "judged on the mix, 33% of steps at 50 Mb/s, 67% of steps at 10 Gb/s" in last_reason
     # Following each level (no window: never oscillating) keeps switching, and costs more.
     followed, followed_ran, _ = run_steps(dataclasses.replace(DEFAULTS, oscillation_window_dwells=0.0))
     assert len(followed) >= 2 * len(switches), [(t, s.spec.label) for t, s in followed]
