@@ -32,12 +32,14 @@ Algorithm of :func:`decide`:
    :func:`planning.progress.calibrated_errors`). A lossy candidate with no error is not
    chosen while other candidates have one; with no errors at all, ``τ`` is the step time
    (the policy of before the quality signal). **An oscillating link** is judged on the mix
-   of its levels (``planning.link_levels``): each report records which side the best choice
-   for the link as it stands is on, lossy or uncompressed (a side wins only by more than
-   ``gain_threshold``); once it changed side ``oscillation_shifts`` times within
-   ``oscillation_window_dwells`` dwells, every candidate's step time is averaged over the
-   levels of that window, weighted by the steps run at each, so the policy settles on the one
-   choice that serves the mix instead of following each phase late.
+   of its levels (``planning.link_levels``): each report records which side the policy would
+   be on for the link as it stands, lossy or uncompressed (:func:`_side`); a level changes
+   when that side and the averaged bandwidth move together. While the last
+   ``oscillation_shifts`` changes came within ``oscillation_window_dwells`` dwells of one
+   another (and the sides' levels lie ``level_shift_factor²`` apart), every candidate's step
+   time is averaged over the link's stretches in that span, weighted by the steps run at
+   each, so the policy settles on the one choice that serves the mix instead of following
+   each phase late.
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
    Otherwise switch only when the predicted gain ``(τ_current − τ_best) / τ_current`` (the
    share of time to accuracy saved) exceeds ``gain_threshold`` and at least ``min_dwell_s``
