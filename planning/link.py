@@ -66,8 +66,11 @@ def ring_coefficients(kind: str, world_size: int) -> tuple[float, float]:
 def implied_beta(kind: str, world_size: int, alpha_s: float, nbytes: float, seconds: float) -> float | None:
     """β (seconds per byte) that one timed ring collective implies under latency ``alpha_s``:
     the ring formula of :func:`ring_coefficients` solved for β. None when the latency term
-    covers the whole time (no transfer left to see: as fast as can be told)."""
+    covers the whole time (no transfer left to see: as fast as can be told), and for one
+    worker or no bytes (nothing crosses a link)."""
     latency, per_byte = ring_coefficients(kind, world_size)
+    if per_byte <= 0 or nbytes <= 0:
+        return None
     transfer_s = seconds - latency * alpha_s
     return None if transfer_s <= 0 else transfer_s / (per_byte * nbytes)
 

@@ -10,8 +10,8 @@ confirmation and the dwell: it switched about once a phase and half a phase late
 low-rank compressor in 26-59 % of the fast steps and an uncompressed one in 40-84 % of the
 slow steps (``README.md``, session 19's runs A-C), and lost to the best fixed choice. A fixed
 choice is judged on the mix of levels it meets, so once the link has shifted level often
-within a few dwells, :func:`level_mix` gives the policy that mix: each level's bandwidth and
-the share of steps run at it. The policy then judges every candidate by its time per progress
+within a few dwells, :func:`level_mix` gives the policy that mix: the bandwidth of each
+stretch of the link and the share of steps run at it. The policy then judges every candidate by its time per progress
 averaged over the mix and settles on the one that serves it best (the choice a user would
 have needed to know in advance); when the link holds one level for the window, the mix ends
 and the policy follows the link again.
@@ -28,14 +28,15 @@ when the link moves (a lossy compressor tried on an estimate on the fast link an
 second later: two changes of side in fast-slow-fast's first phase, which with the drop read
 as oscillating and held the policy to compression after the link came back). A change of
 side at the same bandwidth updates the level's side, and one back to the previous level's
-side undoes that level (a reading's dip of 2.3x on the fast link with a trial of ACP-SGD
-on it, dropped 0.7 s later, made one such level in fast-slow-fast).
+side with the link back within the factor of where that level began undoes the level in
+between (a blip of the reading with a trial on it).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from planning.link import describe_rate
 
@@ -55,7 +56,8 @@ class Stretch:
 class Level(Stretch):
     """A stretch of reports with the policy on one side (see the module docstring)."""
 
-    lossy: bool = False  # whether the policy would compress (a lossy compressor) at the link as it stood
+    #: Whether the policy would compress (a lossy compressor) at the link as it stood.
+    lossy: bool = field(kw_only=True)
 
 
 #: Levels or stretches, oldest first; the last is the one in progress.
@@ -74,7 +76,7 @@ class LevelMix:
 
     def describe(self) -> str:
         """The mix in words, the stretches grouped below and above the geometric middle of the
-        slowest and fastest: ``28% of steps at 48 Mb/s, 72% at 1.34 Gb/s``."""
+        slowest and fastest: ``28% of steps at 48 Mb/s, 72% of steps at 1.34 Gb/s``."""
         rates = [stretch.bandwidth for stretch in self.stretches]
         middle = math.sqrt(min(rates) * max(rates))
         parts = []
@@ -91,7 +93,10 @@ def _moved(anchor: float, bandwidth: float, factor: float) -> bool:
     return max(bandwidth / anchor, anchor / bandwidth) > factor
 
 
-def _trim(history: tuple, now: float, keep_s: float) -> tuple:
+_S = TypeVar("_S", bound=Stretch)
+
+
+def _trim(history: tuple[_S, ...], now: float, keep_s: float) -> tuple[_S, ...]:
     """``history`` without the entries that ended more than ``keep_s`` before ``now``."""
     ends = [entry.since for entry in history[1:]] + [now]
     return tuple(entry for entry, end in zip(history, ends) if end >= now - keep_s)
@@ -106,18 +111,22 @@ def record_level(history: LevelHistory, bandwidth: float | None, lossy: bool, no
     if bandwidth is None or not math.isfinite(bandwidth):
         return ()
     if not history:
-        return (Level(now, step, bandwidth, bandwidth, lossy),)
+        return (Level(now, step, bandwidth, bandwidth, lossy=lossy),)
     last = history[-1]
     moved = _moved(last.anchor, bandwidth, shift_factor)
-    if last.lossy != lossy and not moved and len(history) > 1 and history[-2].lossy == lossy:
-        # The side went back to the previous level's without the link moving: the change
-        # that began this level was the policy learning, not the link; it is undone.
-        before = history[-2]
-        history = history[:-2] + (Level(before.since, before.since_step, before.anchor, bandwidth, lossy),)
+    before = history[-2] if len(history) > 1 else None
+    if (last.lossy != lossy and not moved and before is not None and before.lossy == lossy
+            and not _moved(before.anchor, bandwidth, shift_factor)):
+        # The side went back to the previous level's, and the link is within the factor of
+        # where both levels began: the level in between was a blip of the reading with the
+        # policy trying a choice on it, not the link; it is undone. (Not when the link has
+        # moved from the earlier level: that level's anchor would then be stale, and every
+        # later change of side at this bandwidth would read as a move.)
+        history = history[:-2] + (Level(before.since, before.since_step, before.anchor, bandwidth, lossy=lossy),)
     elif last.lossy == lossy or not moved:
-        history = history[:-1] + (Level(last.since, last.since_step, last.anchor, bandwidth, lossy),)
+        history = history[:-1] + (Level(last.since, last.since_step, last.anchor, bandwidth, lossy=lossy),)
     else:
-        history = history + (Level(now, step, bandwidth, bandwidth, lossy),)
+        history = history + (Level(now, step, bandwidth, bandwidth, lossy=lossy),)
     return _trim(history, now, keep_s)
 
 
@@ -137,15 +146,15 @@ def level_mix(levels: LevelHistory, stretches: StretchHistory, now: float, step:
               min_shifts: int, separation: float) -> LevelMix | None:
     """The mix of levels while the link oscillates, else None (the link holds a level: follow it).
 
-    It oscillates while the last ``min_shifts`` changes of side each came within ``window_s``
+    It oscillates while the last ``min_shifts`` changes of level each came within ``window_s``
     of the one before and the last within ``window_s`` of now; the mix spans the last
     ``window_s``, or from the first of those changes if that is earlier. Why not "that many
     changes within the last window" alone: compressing, the workers see the link come back
     only at a probe or a recovery check, so changes to the uncompressed side are seen seconds
     apart; in the benchmark's oscillating link the count within 8 s fell below three after
     6 s of the mix, the policy followed the link again, and switched out of phase. The mix
-    ends once a whole window passed without a change (:func:`record_level` keeps
-    ``2 · window_s`` of history for it).
+    ends once a whole window passed without a change. The histories must reach back
+    ``min_shifts · window_s`` for it (the caller's ``keep_s``).
 
     And every uncompressed level in the span must have begun at least ``separation`` times as
     fast as every lossy one (their anchors): a link that truly swings between a level that calls for compression and
@@ -163,24 +172,29 @@ def level_mix(levels: LevelHistory, stretches: StretchHistory, now: float, step:
     each level times the steps it runs there, and a link that changes with the work done
     (the benchmark's schedule) gives every choice the same steps at each level.
     """
-    shift_times = [level.since for level in levels[1:]]
+    if min_shifts < 1:
+        raise ValueError(f"min_shifts: must be >= 1, got {min_shifts}")
+    # A change of level is a change of side: two levels of one side in a row (the side went
+    # back where the link had moved) are one side's stretch as far as oscillating goes.
+    shift_times = [level.since for previous, level in zip(levels, levels[1:]) if level.lossy != previous.lossy]
     if window_s <= 0 or len(shift_times) < min_shifts or now - shift_times[-1] > window_s:
         return None
     recent = shift_times[-min_shifts:]
     if any(later - earlier > window_s for earlier, later in zip(recent, recent[1:])):
         return None
     start = min(now - window_s, recent[0])
-    in_span = [level for level, end in zip(levels, shift_times + [now]) if end >= start]
+    level_ends = [level.since for level in levels[1:]] + [now]
+    in_span = [level for level, end in zip(levels, level_ends) if end >= start]
     lossy = [level.anchor for level in in_span if level.lossy]
     plain = [level.anchor for level in in_span if not level.lossy]
     if lossy and plain and min(plain) < separation * max(lossy):
         return None
     ends = [(stretch.since, stretch.since_step) for stretch in stretches[1:]] + [(now, step)]
-    by_steps = all(s is not None for s in [stretch.since_step for stretch in stretches] + [step])
+    spanned = [(stretch, end, end_step) for stretch, (end, end_step) in zip(stretches, ends)
+               if end >= start and end > stretch.since]
+    by_steps = all(x is not None for stretch, _, end_step in spanned for x in (stretch.since_step, end_step))
     weights: list[tuple[float, Stretch]] = []
-    for stretch, (end, end_step) in zip(stretches, ends):
-        if end < start or end <= stretch.since:
-            continue
+    for stretch, end, end_step in spanned:
         inside = (end - max(stretch.since, start)) / (end - stretch.since)
         if by_steps:
             assert stretch.since_step is not None and end_step is not None
@@ -193,4 +207,4 @@ def level_mix(levels: LevelHistory, stretches: StretchHistory, now: float, step:
     if total <= 0:
         return None
     return LevelMix(tuple(stretch for _, stretch in weights), tuple(w / total for w, _ in weights),
-                    sum(1 for t in shift_times if t >= start), now - start)
+                    sum(1 for t in shift_times if t >= start), now - max(start, stretches[0].since))

@@ -106,8 +106,10 @@ class PolicyConfig:
     critical_hold_s: float = 30.0
     critical_initial_steps: int = 100
     critical_rank_factor: int = 4
-    #: The link oscillates once its averaged bandwidth shifted level this many times within
-    #: ``oscillation_window_dwells`` dwells; then candidates are judged on the mix of levels.
+    #: The link oscillates while its last this many changes of level (the side the policy would
+    #: be on, lossy or not, moving with the bandwidth) each came within
+    #: ``oscillation_window_dwells`` dwells of the one before; candidates are then judged on
+    #: the mix of the link's stretches (``planning.link_levels.level_mix``).
     oscillation_shifts: int = 3
     oscillation_window_dwells: float = 4.0
 
@@ -374,19 +376,38 @@ def _side(best: _Scored, current: _Scored, threshold: float) -> bool:
     return _lossy(best.spec) if _gain(current, best) > threshold else _lossy(current.spec)
 
 
+def _record_link(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float,
+                 lossy: bool | None) -> PolicyState:
+    """The level and stretch histories with this report (``lossy``: the side the policy would
+    be on; None: unknown, the level in progress keeps its side). They reach back as far as
+    :func:`planning.link_levels.level_mix` looks: ``oscillation_shifts`` windows. Steps that
+    went back (a job resumed from a checkpoint) start them afresh: weights by steps would
+    be negative across the jump."""
+    levels, stretches = state.levels, state.stretches
+    if m.step is not None and stretches and stretches[-1].since_step is not None and m.step < stretches[-1].since_step:
+        levels, stretches = (), ()
+    if lossy is None:
+        if not levels:
+            return dataclasses.replace(state, levels=levels, stretches=stretches)
+        lossy = levels[-1].lossy
+    keep_s = cfg.oscillation_shifts * cfg.oscillation_window_s
+    bandwidth = state.link.bandwidth
+    return dataclasses.replace(
+        state,
+        levels=record_level(levels, bandwidth, lossy, now, m.step, cfg.level_shift_factor, keep_s),
+        stretches=record_stretch(stretches, bandwidth, now, m.step, cfg.level_shift_factor, keep_s),
+    )
+
+
 def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float,
                      best_now: _Scored) -> tuple[PolicyState, Links, LevelMix | None]:
     """Record which side the policy would be on for the link as it stands (lossy or not,
     :func:`_side`; ``best_now``: the best option there), and the links to judge on: the link
-    as it stands, or the mix of its levels when that side has changed often lately
+    as it stands, or the mix of its stretches when the link oscillates
     (``planning.link_levels``)."""
     current_now = _score(m.current, _doubt_in_favour(m, state), _link_now(state, m))
-    lossy = _side(best_now, current_now, cfg.gain_threshold)
-    keep_s = 2 * cfg.oscillation_window_s
-    levels = record_level(state.levels, state.link.bandwidth, lossy, now, m.step, cfg.level_shift_factor, keep_s)
-    stretches = record_stretch(state.stretches, state.link.bandwidth, now, m.step, cfg.level_shift_factor, keep_s)
-    state = dataclasses.replace(state, levels=levels, stretches=stretches)
-    mix = level_mix(levels, stretches, now, m.step, cfg.oscillation_window_s, cfg.oscillation_shifts,
+    state = _record_link(state, m, cfg, now, _side(best_now, current_now, cfg.gain_threshold))
+    mix = level_mix(state.levels, state.stretches, now, m.step, cfg.oscillation_window_s, cfg.oscillation_shifts,
                     cfg.level_shift_factor ** 2)
     if mix is None:
         return state, _link_now(state, m), None
@@ -415,6 +436,7 @@ def decide(
     passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
     best = _best(passing, m, _link_now(state, m)) if passing else None
     if best is None:
+        state = _record_link(state, m, cfg, now, None)
         current = _score(m.current, m, _link_now(state, m))
         why = "no candidate passes the quality guard" if not passing else "no passing candidate has a measured error yet"
         return Keep(why, current.step_s), state

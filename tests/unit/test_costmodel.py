@@ -330,5 +330,7 @@ def test_implied_beta_solves_the_ring_formula_for_beta(kind: str, world_size: in
     timed = all_reduce_s if kind == "all_reduce" else all_gather_s
     seconds = timed(1e6, world_size, link)
     assert implied_beta(kind, world_size, link.alpha, 1e6, seconds) == pytest.approx(link.beta)
-    latency_only = timed(0.0, world_size, link)
-    assert implied_beta(kind, world_size, link.alpha, 1e6, latency_only) is None  # nothing left to see
+    within_latency = 0.999 * timed(0.0, world_size, link)
+    assert implied_beta(kind, world_size, link.alpha, 1e6, within_latency) is None  # nothing left to see
+    assert implied_beta(kind, 1, link.alpha, 1e6, seconds) is None  # one worker: no link
+    assert implied_beta(kind, world_size, link.alpha, 0.0, seconds) is None
