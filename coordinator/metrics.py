@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from coordinator.schemas import JOB_STATES
 from planning import registry
-from planning.protocol import PHASES, Telemetry
+from planning.protocol import Telemetry, step_seconds
 from planning.spec import make_spec
 from planning.wire import wire_bytes
 
@@ -124,7 +124,7 @@ class CoordinatorMetrics:
             self._finished.pop(job_id, None)
             for phase, seconds in t.phase_seconds.items():
                 self._labels(self.step_phase_seconds, job_id, phase).observe(seconds)  # type: ignore[attr-defined]
-            step = _step_seconds(t)
+            step = step_seconds(t.phase_seconds)
             if step is not None:
                 self._labels(self.step_seconds, job_id, compressor).observe(step)  # type: ignore[attr-defined]
             for gauge, value in ((self.samples_per_second, t.samples_per_second), (self.train_loss, t.loss),
@@ -190,11 +190,6 @@ def _label(t: Telemetry) -> str:
     except ValueError:
         return t.compressor or "unknown"
     return spec.label if spec is not None else "unknown"
-
-
-def _step_seconds(t: Telemetry) -> float | None:
-    parts = [t.phase_seconds[p] for p in PHASES if p in t.phase_seconds]
-    return sum(parts) if parts else None
 
 
 def _compression_ratio(t: Telemetry, shapes: list[list[int]] | None) -> float | None:

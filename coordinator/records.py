@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.schemas import TERMINAL_STATES, JobSpec, JobStatus, TelemetryPoint
-from planning.protocol import PHASES, ModelProfile
+from planning.protocol import ModelProfile, step_seconds
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,7 @@ class JobRecord:
 
     @property
     def step_seconds(self) -> float | None:
-        parts = [self.phase_seconds[p] for p in PHASES if p in self.phase_seconds]
-        return sum(parts) if parts else None
+        return step_seconds(self.phase_seconds)
 
     def status(self) -> JobStatus:
         return JobStatus(

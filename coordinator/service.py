@@ -30,7 +30,7 @@ from coordinator.schemas import (
 from coordinator.settings import Settings
 from coordinator.store import InvalidTransition, Store
 from planning.decision import Decision
-from planning.protocol import PHASES, Telemetry
+from planning.protocol import Telemetry, step_seconds
 
 log = logging.getLogger(__name__)
 
@@ -256,13 +256,12 @@ def _snapshot(t: Telemetry, job: JobRecord) -> dict:
 
 
 def _point(t: Telemetry, now: float) -> TelemetryPoint:
-    parts = [t.phase_seconds[p] for p in PHASES if p in t.phase_seconds]
     return TelemetryPoint(
         at=now, step=t.step, loss=t.loss, samples_per_second=t.samples_per_second,
         bandwidth_bytes_per_second=t.bandwidth_bytes_per_second, latency_seconds=t.latency_seconds,
         compressor=t.compressor, compressor_rank=t.compressor_rank, ratio=t.ratio,
         phase_seconds=dict(t.phase_seconds),
-        step_seconds=sum(parts) if parts else None,
+        step_seconds=step_seconds(t.phase_seconds),
     )
 
 

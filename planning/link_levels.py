@@ -208,3 +208,29 @@ def level_mix(levels: LevelHistory, stretches: StretchHistory, now: float, step:
         return None
     return LevelMix(tuple(stretch for _, stretch in weights), tuple(w / total for w, _ in weights),
                     sum(1 for t in shift_times if t >= start), now - max(start, stretches[0].since))
+
+
+def steps_mix(stretches: StretchHistory, step: int | None, steps: int) -> tuple[tuple[float, float], ...] | None:
+    """(share, bandwidth) of the stretches the last ``steps`` steps up to ``step`` ran at, by
+    their steps: the link a window of measured steps met (``planning.step_correction``). The
+    oldest stretch stands for any steps before it (the histories reach back a few windows of
+    the oscillation, a measured window is 50 steps). None when a step is unknown or nothing
+    was recorded."""
+    if not stretches or step is None or steps <= 0:
+        return None
+    begins = [stretch.since_step for stretch in stretches]
+    if any(begin is None for begin in begins):
+        return None
+    start = step - steps
+    ends = begins[1:] + [step]
+    weights = []
+    for index, (stretch, begin, end) in enumerate(zip(stretches, begins, ends)):
+        assert begin is not None and end is not None
+        first = min(begin, start) if index == 0 else begin
+        weight = min(end, step) - max(first, start)
+        if weight > 0:
+            weights.append((weight, stretch.bandwidth))
+    total = sum(weight for weight, _ in weights)
+    if total <= 0:
+        return None
+    return tuple((weight / total, bandwidth) for weight, bandwidth in weights)

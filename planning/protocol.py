@@ -9,6 +9,8 @@ the web process import them without pulling in torch or Ray.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from planning.decision import Decision as Decision  # the one decision type, re-exported for the wire
@@ -17,6 +19,16 @@ from planning.spec import CompressorSpec, make_spec
 PHASES: tuple[str, ...] = ("data", "forward", "backward", "exposed_comm", "optimizer")
 HOOK_PHASES: tuple[str, ...] = ("compress", "communicate", "decompress")
 ALL_PHASES: tuple[str, ...] = PHASES + HOOK_PHASES
+#: The phases ``planning.costmodel.predict_step`` predicts: all but loading data, which
+#: costs every compressor the same (and whose first step carries the loader's start-up).
+PREDICTED_PHASES: tuple[str, ...] = ("forward", "backward", "exposed_comm", "optimizer")
+
+
+def step_seconds(phase_seconds: Mapping[str, float], phases: tuple[str, ...] = PHASES) -> float | None:
+    """One step's seconds from its ``phases`` (the hook's phases lie within backward and
+    exposed communication, so they are not added); None when none of them was timed."""
+    parts = [phase_seconds[p] for p in phases if p in phase_seconds]
+    return sum(parts) if parts else None
 
 
 class _Strict(BaseModel):
@@ -61,6 +73,9 @@ class Telemetry(_Strict):
     loss: float | None = None
     samples_per_second: float | None = Field(default=None, ge=0)
     phase_seconds: dict[str, float] = {}
+    #: How many recent steps ``phase_seconds`` average (``workers.timing.StepTimer``'s window,
+    #: restarted at a switch: all of them ran the reported compressor). None: not reported.
+    timed_steps: int | None = Field(default=None, ge=0)
     bytes_sent_per_step: float | None = Field(default=None, ge=0)
     bandwidth_bytes_per_second: float | None = Field(default=None, gt=0)
     latency_seconds: float | None = Field(default=None, ge=0)

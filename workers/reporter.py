@@ -230,6 +230,7 @@ class Reporter:
             loss=loss,
             samples_per_second=(self.batch_size * self.env.world_size / step_s) if step_s > 0 else None,
             phase_seconds=means,
+            timed_steps=len(timer.recent),
             bytes_sent_per_step=stats.bytes_sent / stats.steps if stats.steps else None,
             bandwidth_bytes_per_second=bandwidth,
             latency_seconds=latency,

@@ -1,0 +1,66 @@
+"""How far the cost model's step time lies from the job's measured one, per compressor.
+
+Torch-free and pure (``planning.policy.decide`` keeps the :data:`Corrections` in its state).
+
+Why: the policy compares candidates by their predicted step times, and a prediction that is
+off for one candidate and not another decides the comparison. On the benchmark's oscillating
+link (session 20, ``README.md``) the policy settled on PowerSGD r8, which the cost model
+priced at 0.0458 s/step on the mix of the link's levels and fp16 at 0.0523; measured, both
+ran at ~0.052, so fp16, which loses nothing, was the better choice, but it looked less than
+the switching threshold ahead. The running choice's step time is measured all along
+(``Telemetry.phase_seconds``, the mean over ``Telemetry.timed_steps`` recent steps), so each
+report gives a residual, measured minus predicted, for the choice that ran, and the policy
+adds each label's averaged residual to its predictions.
+
+Additive, not a ratio: what the model misses is mostly time every step pays whatever the
+link does (loading data, Python around the hook, a codec's cost profiled on another
+compressor's steps). In session 20's kept oscillating runs each label's residual was the same
+at both levels of the link (PowerSGD r8 +0.010 s at 1000 and 50 Mbit/s, fp16 +0.006 at both)
+while its ratio was not (fp16 1.13 and 1.10). A label that has not run is given the least
+residual of those that have: the part every choice pays, as far as the job knows it; what a
+label adds to that is measured once it runs (an optimistic start, as the quality estimates
+are: a pessimistic one would keep it from ever running).
+
+The prediction a residual is taken against covers the same steps as the measurement: the
+mean is over up to 50 steps, which on the oscillating link span both levels, so each is
+predicted at the link's stretches those steps ran at (``planning.link_levels.steps_mix``).
+"""
+
+from __future__ import annotations
+
+import math
+
+#: (label, averaged residual in seconds per step: measured minus predicted), latest last.
+Corrections = tuple[tuple[str, float], ...]
+
+#: Weight of a new report's residual in its label's average. Each report's measurement is
+#: itself a mean over up to 50 steps, so consecutive reports overlap; the average follows a
+#: change within ~10 reports (1 s in the benchmark).
+RESIDUAL_WEIGHT = 0.2
+
+#: A mean over fewer steps is not folded: just after a switch the window restarts, and its
+#: first steps carry the switch's own costs (allocating the new compressor's state).
+MIN_TIMED_STEPS = 5
+
+
+def record_residual(corrections: Corrections, label: str, measured_s: float, predicted_s: float,
+                    weight: float = RESIDUAL_WEIGHT) -> Corrections:
+    """``corrections`` with one report's residual of ``label`` folded into its average
+    (the first report sets it); ``label`` moves last. A ValueError naming the field for a
+    step time that is not a finite number >= 0."""
+    for name, value in (("measured_s", measured_s), ("predicted_s", predicted_s)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+    residual = measured_s - predicted_s
+    previous = dict(corrections).get(label)
+    value = residual if previous is None else previous + weight * (residual - previous)
+    return tuple(item for item in corrections if item[0] != label) + ((label, value),)
+
+
+def correction_for(corrections: Corrections, label: str) -> float:
+    """Seconds to add to ``label``'s predicted step: its averaged residual, else the least of
+    the measured labels' (the part every choice pays), else 0."""
+    known = dict(corrections)
+    if label in known:
+        return known[label]
+    return min(known.values()) if known else 0.0
