@@ -17,9 +17,10 @@ link does (loading data, Python around the hook, a codec's cost profiled on anot
 compressor's steps). In session 20's kept oscillating runs each label's residual was the same
 at both levels of the link (PowerSGD r8 +0.010 s at 1000 and 50 Mbit/s, fp16 +0.006 at both)
 while its ratio was not (fp16 1.13 and 1.10). A label that has not run is given the least
-residual of those that have: the part every choice pays, as far as the job knows it; what a
-label adds to that is measured once it runs (an optimistic start, as the quality estimates
-are: a pessimistic one would keep it from ever running).
+residual of those that have (another rank of a compressor that ran, that compressor's): the
+part every choice pays, as far as the job knows it; what a label adds to that is measured
+once it runs (an optimistic start, as the quality estimates are: a pessimistic one would
+keep it from ever running).
 
 The prediction a residual is taken against covers the same steps as the measurement: the
 mean is over up to 50 steps, which on the oscillating link span both levels, so each is
@@ -29,6 +30,8 @@ predicted at the link's stretches those steps ran at (``planning.link_levels.ste
 from __future__ import annotations
 
 import math
+
+from planning.progress import compressor_of
 
 #: (label, averaged residual in seconds per step: measured minus predicted), latest last.
 Corrections = tuple[tuple[str, float], ...]
@@ -58,9 +61,13 @@ def record_residual(corrections: Corrections, label: str, measured_s: float, pre
 
 
 def correction_for(corrections: Corrections, label: str) -> float:
-    """Seconds to add to ``label``'s predicted step: its averaged residual, else the least of
-    the measured labels' (the part every choice pays), else 0."""
+    """Seconds to add to ``label``'s predicted step: its averaged residual; else that of the
+    latest measured label of its compressor (another rank runs the same code around the
+    hook); else the least of the measured labels' (the part every choice pays); else 0."""
     known = dict(corrections)
     if label in known:
         return known[label]
+    kin = [value for other, value in corrections if compressor_of(other) == compressor_of(label)]
+    if kin:
+        return kin[-1]
     return min(known.values()) if known else 0.0

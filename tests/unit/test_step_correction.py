@@ -1,0 +1,108 @@
+"""The policy's step times corrected by the job's measured ones (``planning.step_correction``),
+on synthetic traces with a frozen clock: plain floats, no torch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from planning.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, predict_step
+from planning.link_levels import Stretch, steps_mix
+from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide
+from planning.spec import CompressorSpec, make_spec
+from planning.step_correction import MIN_TIMED_STEPS, correction_for, record_residual
+
+MBIT600, GBIT10, MBIT50 = 600e6 / 8, 1.25e9, 6.25e6
+LATENCY, WORKERS = 1e-4, 4
+SHAPES = [(1024, 1024), (1024,)] * 4 + [(10, 1024), (10,)]
+PROFILE = StepProfile.build(SHAPES, forward_s=0.03, backward_s=0.06, optimizer_s=0.005, bucket_cap_bytes=4 * 2**20,
+                            default_codec=ElementCost(per_element_s=2e-9, fixed_s=50e-6))
+CFG = PolicyConfig(critical_initial_steps=0, allowed=("none", "fp16", "acpsgd"))
+ACPSGD16, FP16 = make_spec("acpsgd", rank=16), make_spec("fp16")
+#: ACP-SGD r16 loses 20 % of a step's progress (δ = 1 − 0.447² = 0.8); the casts their round-off.
+ERRORS = {f"acpsgd-r{r}": (1 + r / 4) ** -0.5 for r in (1, 2, 4, 8, 16, 32, 64)}
+
+
+def predicted(spec: CompressorSpec, bandwidth: float) -> float:
+    """The cost model's step at ``bandwidth`` as the policy builds the link (α from the latency)."""
+    link = alpha_beta_from_bandwidth(bandwidth, LATENCY / (2 * (WORKERS - 1)))
+    return predict_step(spec, PROFILE, WORKERS, link).step_s
+
+
+def report(spec: CompressorSpec, bandwidth: float, step: int, measured_s: float | None,
+           timed_steps: int = 50) -> Measurements:
+    return Measurements(bandwidth, LATENCY, WORKERS, PROFILE, spec, step=step, errors=ERRORS, running=spec.label,
+                        measured_step_s=measured_s, timed_steps=timed_steps)
+
+
+def test_a_residual_is_averaged_per_label_and_a_label_not_run_takes_the_least() -> None:
+    corrections = record_residual((), "fp16", 0.12, 0.10)
+    assert dict(corrections) == {"fp16": pytest.approx(0.02)}
+    corrections = record_residual(corrections, "fp16", 0.10, 0.10, weight=0.5)
+    assert dict(corrections)["fp16"] == pytest.approx(0.01)
+    corrections = record_residual(corrections, "acpsgd-r16", 0.15, 0.10)
+    assert [label for label, _ in corrections] == ["fp16", "acpsgd-r16"]
+    assert correction_for(corrections, "acpsgd-r16") == pytest.approx(0.05)
+    assert correction_for(corrections, "none") == pytest.approx(0.01)  # the part every choice pays
+    assert correction_for(corrections, "acpsgd-r4") == pytest.approx(0.05)  # another rank: its compressor's
+    assert correction_for((), "none") == 0.0
+    with pytest.raises(ValueError, match="^measured_s"):
+        record_residual((), "fp16", math.nan, 0.1)
+    with pytest.raises(ValueError, match="^predicted_s"):
+        record_residual((), "fp16", 0.1, -1.0)
+
+
+def test_the_window_of_measured_steps_is_weighed_over_the_stretches_it_met() -> None:
+    stretches = (Stretch(0.0, 0, GBIT10, GBIT10), Stretch(5.0, 100, MBIT50, MBIT50))
+    assert steps_mix(stretches, 130, 50) == ((0.4, GBIT10), (0.6, MBIT50))
+    assert steps_mix(stretches, 120, 10) == ((1.0, MBIT50),)
+    # The oldest stretch stands for steps before the history begins.
+    assert steps_mix(stretches[1:], 120, 50) == ((1.0, MBIT50),)
+    assert steps_mix(stretches, None, 50) is None and steps_mix((), 10, 5) is None
+    assert steps_mix((Stretch(0.0, None, GBIT10, GBIT10),), 10, 5) is None
+
+
+def test_a_choice_measured_slower_than_predicted_loses_to_the_one_that_runs_as_predicted() -> None:
+    """At 600 Mbit/s the model prices ACP-SGD r16 ahead of fp16 in time per progress, and
+    fp16 runs as predicted. When r16 then runs 40 % slower than its prediction, the corrected
+    comparison goes back to fp16; with no step times measured the policy keeps r16."""
+    assert predicted(ACPSGD16, MBIT600) / 0.8 < predicted(FP16, MBIT600) / (1 + CFG.gain_threshold)
+
+    def trace(measure: bool) -> tuple[PolicyState, list[object]]:
+        state, verdicts = PolicyState(), []
+        for i in range(5):  # fp16 runs first, as predicted
+            m = report(FP16, MBIT600, 10 * i, predicted(FP16, MBIT600) if measure else None)
+            _, state = decide(state, m, CFG, float(i))
+        for i in range(5, 60):  # then r16 (switched to at t = 0, past the dwell from t = 30 s)
+            m = report(ACPSGD16, MBIT600, 10 * i, 1.4 * predicted(ACPSGD16, MBIT600) if measure else None)
+            verdict, state = decide(state, m, CFG, float(i))
+            verdicts.append(verdict)
+        return state, verdicts
+
+    state, verdicts = trace(measure=True)
+    corrections = dict(state.corrections)
+    assert corrections["fp16"] == pytest.approx(0.0, abs=1e-12)
+    assert corrections["acpsgd-r16"] == pytest.approx(0.4 * predicted(ACPSGD16, MBIT600), rel=1e-6)
+    switch = next(v for v in verdicts if isinstance(v, Switch))
+    assert switch.spec.label == "fp16"
+    assert switch.current_step_s == pytest.approx(1.4 * predicted(ACPSGD16, MBIT600), rel=1e-6)
+    _, unmeasured = trace(measure=False)
+    assert all(isinstance(v, Keep) for v in unmeasured[25:])
+
+
+def test_a_mean_over_too_few_steps_or_across_levels_that_move_the_prediction_is_not_folded() -> None:
+    state = PolicyState()
+    _, state = decide(state, report(FP16, GBIT10, 10, 1.0, timed_steps=MIN_TIMED_STEPS - 1), CFG, 0.0)
+    assert state.corrections == ()
+    # fp16's step at 50 Mbit/s is many times its step at 10 Gbit/s: which of a window's steps
+    # met which level is known only from the averaged link, so its mean is not trusted.
+    state = PolicyState()
+    for i, bandwidth in enumerate([GBIT10] * 5 + [MBIT50] * 3):
+        _, state = decide(state, report(FP16, bandwidth, 10 * i, 0.3), CFG, float(i))
+    assert [label for label, _ in state.corrections] == ["fp16"]  # folded while the link held
+    before = dict(state.corrections)["fp16"]
+    assert len(state.stretches) == 2
+    for i in range(8, 10):
+        _, state = decide(state, report(FP16, MBIT50, 10 * i, 0.3), CFG, float(i))
+    assert dict(state.corrections)["fp16"] == before
