@@ -83,6 +83,13 @@ def test_policy_moves_to_compression_after_the_link_drops(tmp_path: Path) -> Non
     seen = [r["bandwidth_bytes_per_second"] * 8e-6 for r in slow_reports]
     assert not seen or min(seen) < 3 * SLOW.mbit, f"bandwidth seen after the drop: {seen} Mbit/s"
 
+    # Each report says how many steps its phase means cover: the timer's window (50 steps),
+    # restarted at a switch, so a report's mean is of steps its compressor ran.
+    assert all(1 <= r["timed_steps"] <= 50 for r in run.reports), [r["timed_steps"] for r in run.reports]
+    for before, after in zip(run.reports, run.reports[1:]):
+        if after["compressor"] != before["compressor"]:
+            assert after["timed_steps"] <= after["step"] - before["step"], (before, after)
+
     # Both ranks used the same compressor at every step.
     records = rank_records(str(run.checkpoint))
     assert [r["rank"] for r in records] == [0, 1]

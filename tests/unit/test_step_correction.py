@@ -106,3 +106,20 @@ def test_a_mean_over_too_few_steps_or_across_levels_that_move_the_prediction_is_
     for i in range(8, 10):
         _, state = decide(state, report(FP16, MBIT50, 10 * i, 0.3), CFG, float(i))
     assert dict(state.corrections)["fp16"] == before
+
+
+def test_a_report_gives_the_policy_its_mean_step_without_loading_data() -> None:
+    """The cost model predicts no data loading (it costs every compressor the same, and the
+    loader's start-up lands on the first step), so the measured step leaves it out."""
+    from planning.controller import policy_measurements
+    from planning.protocol import Telemetry
+
+    phases = {"data": 0.5, "forward": 0.01, "backward": 0.02, "exposed_comm": 0.003, "optimizer": 0.001,
+              "compress": 0.002}
+    report = Telemetry(step=60, world_size=2, bandwidth_bytes_per_second=1e8, phase_seconds=phases, timed_steps=50,
+                       compressor="fp16")
+    m = policy_measurements(report, PROFILE, FP16)
+    assert m is not None and m.timed_steps == 50 and m.running == "fp16"
+    assert m.measured_step_s == pytest.approx(0.034)
+    bare = policy_measurements(Telemetry(step=60, bandwidth_bytes_per_second=1e8), PROFILE, FP16)
+    assert bare is not None and bare.measured_step_s is None and bare.timed_steps is None

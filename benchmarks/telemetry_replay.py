@@ -1,0 +1,111 @@
+"""Replay kept runs' telemetry through the adaptive controller, open loop.
+
+Why: a change to the policy is cheapest to judge on what real runs reported. The benchmark
+(``python -m benchmarks.adaptive ... --keep DIR``) keeps every run's reports
+(``telemetry.jsonl``) and job configuration (``config.json``); this feeds each adaptive run's
+reports, in order and at their own wall times, through ``planning.controller.AdaptiveController``
+as the code stands, and prints what the policy would decide on them: every switch (time,
+step, label, whether it was judged on the mix of an oscillating link), how many reports were
+judged on a mix, and the step-time corrections it ended with. Open loop: the workers ran what
+they ran, so a decision that differs from the run's changes nothing that follows; it shows
+where the policy now disagrees with the run, not what a run would now measure. Every rule of
+the oscillating-link mix (sessions 20-21) was checked this way first.
+
+    python -m benchmarks.telemetry_replay DIR [--label adaptive] [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from planning.controller import AdaptiveController
+from planning.protocol import Telemetry
+from planning.sections import CompressionConfig
+
+MIX_MARK = "link oscillates"
+
+
+@dataclass
+class RunReplay:
+    """What the controller decides on one kept run's reports."""
+
+    run: str
+    reports: int
+    #: (step, label) at each change of the compressor the run's reports name.
+    ran: list[tuple[int, str]] = field(default_factory=list)
+    #: (seconds into the run, step, label, judged on a mix) of each switch the policy makes now.
+    switches: list[tuple[float, int, str, bool]] = field(default_factory=list)
+    judged_on_mix: int = 0
+    corrections: dict[str, float] = field(default_factory=dict)
+    last_reason: str = ""
+
+
+def replay_run(run_dir: Path) -> RunReplay:
+    """Feed ``run_dir``'s reports through a fresh controller built from its job configuration."""
+    config = json.loads((run_dir / "config.json").read_text())
+    controller = AdaptiveController(CompressionConfig(**config["compression"]))
+    lines = [line for line in (run_dir / "telemetry.jsonl").read_text().splitlines() if line.strip()]
+    reports = [Telemetry.model_validate_json(line) for line in lines]
+    out = RunReplay(run=str(run_dir), reports=len(reports))
+    if not reports:
+        return out
+    started = reports[0].wall_time or 0.0
+    for index, report in enumerate(reports):
+        running = report.running_spec()
+        label = running.label if running is not None else "?"
+        if index == 0 or out.ran[-1][1] != label:
+            out.ran.append((report.step, label))
+        now = (report.wall_time or started) - started
+        decision = controller.observe(report, now)
+        out.judged_on_mix += MIX_MARK in controller.last_reason
+        if decision is not None:
+            out.switches.append((round(now, 2), report.step, decision.spec.label, MIX_MARK in decision.reason))
+            controller.follow(decision)
+    out.corrections = {label: round(value, 5) for label, value in controller.state.corrections}
+    out.last_reason = controller.last_reason
+    return out
+
+
+def kept_runs(root: Path, label: str) -> list[Path]:
+    """Every kept run of ``label`` under ``root`` (``<scenario>/<seed-repeat>/<label>-<n>/``,
+    or ``root`` itself when it is one run)."""
+    if (root / "telemetry.jsonl").is_file():
+        return [root]
+    return sorted(p.parent for p in root.glob(f"**/{label}-*/telemetry.jsonl"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.telemetry_replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path, help="a benchmark --keep directory, or one run's directory")
+    parser.add_argument("--label", default="adaptive", help="which runs to replay (default: adaptive)")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    runs = kept_runs(args.root, args.label)
+    if not runs:
+        print(f"no kept {args.label} runs (config.json and telemetry.jsonl) under {args.root}", file=sys.stderr)
+        return 2
+    replays = []
+    for run_dir in runs:
+        try:
+            replay = replay_run(run_dir)
+        except (OSError, ValueError, KeyError) as error:
+            print(f"{run_dir}: cannot replay: {error}", file=sys.stderr)
+            return 2
+        replays.append(replay)
+        print(f"{run_dir.relative_to(args.root) if run_dir != args.root else run_dir}: {replay.reports} reports, "
+              f"{replay.judged_on_mix} judged on a mix")
+        print(f"  ran:      {replay.ran}")
+        print(f"  switches: {replay.switches}")
+        if replay.corrections:
+            print(f"  step corrections (s): {replay.corrections}")
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps([asdict(r) for r in replays], indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
