@@ -154,16 +154,16 @@ def build_config(data: dict[str, Any]) -> Any:
 
 def phase_table(phase_seconds: dict[str, float], title: str = "per-phase breakdown (mean per step)") -> Table:
     """Milliseconds per phase, and each phase's share of the step (hook phases nest in backward)."""
-    from planning.protocol import ALL_PHASES, PHASES
+    from planning.protocol import ALL_PHASES, STEP_PHASES, step_seconds
 
     table = Table(title=title, title_justify="left")
     table.add_column("phase")
     table.add_column("ms", justify="right")
     table.add_column("share", justify="right")
-    step = sum(phase_seconds.get(p, 0.0) for p in PHASES if p != "exposed_comm") or 1.0
+    step = step_seconds(phase_seconds) or 1.0
     for phase in ALL_PHASES:
         seconds = phase_seconds.get(phase, 0.0)
-        nested = "" if phase in PHASES and phase != "exposed_comm" else "  (in backward)"
+        nested = "" if phase in STEP_PHASES else "  (in backward)"
         table.add_row(phase + nested, f"{seconds * 1e3:.3f}", f"{100 * seconds / step:.1f}%")
     return table
 

@@ -200,12 +200,14 @@ class AdaptiveController:
 
     def _for_world_size(self, t: Telemetry) -> Telemetry:
         """An elastic job's world size changed (a node went away or came back): the choice in
-        force was made for the old size, so the policy decides again at once (no dwell). A lone
+        force was made for the old size, so the policy decides again at once (no dwell), on
+        the cost model alone until the new size's step times are measured. A lone
         worker measures no link; its report gets the last bandwidth measured with peers, which
         costs nothing at world size 1 (no collective has a peer) and keeps the policy's estimate
         for when the job grows back."""
         if self._world_size is not None and t.world_size != self._world_size:
-            self.state = without_dwell(self.state)
+            # The step times measured were of the old size too (planning.step_correction).
+            self.state = dataclasses.replace(without_dwell(self.state), corrections=())
         self._world_size = t.world_size
         if t.world_size > 1 and t.bandwidth_bytes_per_second is not None:
             self._bandwidth = t.bandwidth_bytes_per_second

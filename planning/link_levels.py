@@ -214,18 +214,19 @@ def steps_mix(stretches: StretchHistory, step: int | None, steps: int) -> tuple[
     """(share, bandwidth) of the stretches the last ``steps`` steps up to ``step`` ran at, by
     their steps: the link a window of measured steps met (``planning.step_correction``). The
     oldest stretch stands for any steps before it (the histories reach back a few windows of
-    the oscillation, a measured window is 50 steps). None when a step is unknown or nothing
-    was recorded."""
+    the oscillation, a measured window is 50 steps). None when a step is unknown, nothing
+    was recorded, or the steps went back."""
     if not stretches or step is None or steps <= 0:
         return None
-    begins = [stretch.since_step for stretch in stretches]
-    if any(begin is None for begin in begins):
+    begins = [stretch.since_step for stretch in stretches if stretch.since_step is not None]
+    if len(begins) < len(stretches):
         return None
+    if step < begins[-1] or any(later < earlier for earlier, later in zip(begins, begins[1:])):
+        return None  # steps went back (a resumed job): the stretches are of another run
     start = step - steps
     ends = begins[1:] + [step]
     weights = []
     for index, (stretch, begin, end) in enumerate(zip(stretches, begins, ends)):
-        assert begin is not None and end is not None
         first = min(begin, start) if index == 0 else begin
         weight = min(end, step) - max(first, start)
         if weight > 0:

@@ -198,8 +198,8 @@ class Measurements:
     #: ``running`` (None: not reported); what calibrates the predicted step times.
     measured_step_s: float | None = None
     timed_steps: int | None = None
-    #: Seconds to add to each label's predicted step (``planning.step_correction``); set by
-    #: :func:`decide` from its state.
+    #: Seconds to add to each label's predicted step (``planning.step_correction``): what
+    #: :func:`decide` keeps in its state replaces a caller's value (as the calibrated errors do).
     step_corrections: Corrections = ()
 
 
@@ -231,7 +231,8 @@ class PolicyState:
 
 @dataclass(frozen=True)
 class Keep:
-    """Stay with the current choice."""
+    """Stay with the current choice. ``predicted_step_s``: the cost model's step time with
+    the correction the job's measured step times give (``planning.step_correction``)."""
 
     reason: str
     predicted_step_s: float | None = None
@@ -241,7 +242,8 @@ class Keep:
 class Switch:
     """Change to ``spec``; ``gain`` is the predicted fraction of time per progress saved (of
     step time when no errors are measured; may be < 0 when the quality guard forces a
-    slower choice)."""
+    slower choice). The step times are the cost model's with the correction the job's
+    measured step times give (``planning.step_correction``)."""
 
     spec: CompressorSpec
     gain: float
@@ -331,7 +333,7 @@ class _Scored:
 
     spec: CompressorSpec
     label: str
-    step_s: float  # predicted, averaged over the links it is judged on
+    step_s: float  # predicted and corrected by the measured, averaged over the links it is judged on
     error: float | None
     tau: float  # seconds per uncompressed-step-equivalent of progress
 
@@ -404,27 +406,33 @@ def _side(best: _Scored, current: _Scored, threshold: float) -> bool:
     return _lossy(best.spec) if _gain(current, best) > threshold else _lossy(current.spec)
 
 
-def _record_link(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float,
-                 lossy: bool | None) -> PolicyState:
-    """The level and stretch histories with this report (``lossy``: the side the policy would
-    be on; None: unknown, the level in progress keeps its side). They reach back as far as
-    :func:`planning.link_levels.level_mix` looks: ``oscillation_shifts`` windows. Steps that
-    went back (a job resumed from a checkpoint) start them afresh: weights by steps would
+def _keep_s(cfg: PolicyConfig) -> float:
+    """How far back the link's histories reach: as far as
+    :func:`planning.link_levels.level_mix` looks, ``oscillation_shifts`` windows."""
+    return cfg.oscillation_shifts * cfg.oscillation_window_s
+
+
+def _record_stretch(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float) -> PolicyState:
+    """The stretch history with this report's averaged link. Steps that went back (a job
+    resumed from a checkpoint) start it and the level history afresh: weights by steps would
     be negative across the jump."""
     levels, stretches = state.levels, state.stretches
     if m.step is not None and stretches and stretches[-1].since_step is not None and m.step < stretches[-1].since_step:
         levels, stretches = (), ()
+    stretches = record_stretch(stretches, state.link.bandwidth, now, m.step, cfg.level_shift_factor, _keep_s(cfg))
+    return dataclasses.replace(state, levels=levels, stretches=stretches)
+
+
+def _record_level(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float,
+                  lossy: bool | None) -> PolicyState:
+    """The level history with this report (``lossy``: the side the policy would be on; None:
+    unknown, the level in progress keeps its side)."""
     if lossy is None:
-        if not levels:
-            return dataclasses.replace(state, levels=levels, stretches=stretches)
-        lossy = levels[-1].lossy
-    keep_s = cfg.oscillation_shifts * cfg.oscillation_window_s
-    bandwidth = state.link.bandwidth
-    return dataclasses.replace(
-        state,
-        levels=record_level(levels, bandwidth, lossy, now, m.step, cfg.level_shift_factor, keep_s),
-        stretches=record_stretch(stretches, bandwidth, now, m.step, cfg.level_shift_factor, keep_s),
-    )
+        if not state.levels:
+            return state
+        lossy = state.levels[-1].lossy
+    return dataclasses.replace(state, levels=record_level(state.levels, state.link.bandwidth, lossy, now, m.step,
+                                                          cfg.level_shift_factor, _keep_s(cfg)))
 
 
 def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float,
@@ -435,7 +443,7 @@ def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now
     (``planning.link_levels``); with the current choice scored on them (with the doubt in
     its favour)."""
     current_now = _score(m.current, _doubt_in_favour(m, state), _link_now(state, m))
-    state = _record_link(state, m, cfg, now, _side(best_now, current_now, cfg.gain_threshold))
+    state = _record_level(state, m, cfg, now, _side(best_now, current_now, cfg.gain_threshold))
     mix = level_mix(state.levels, state.stretches, now, m.step, cfg.oscillation_window_s, cfg.oscillation_shifts,
                     cfg.level_shift_factor ** 2)
     if mix is None:
@@ -448,11 +456,17 @@ def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now
 #: than this share between the levels its steps met.
 LINK_SENSITIVE = 0.10
 
+#: Nor when it lies further than this share of the prediction from it.
+MAX_RESIDUAL = 0.5
+
 
 def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[CompressorSpec]) -> PolicyState:
     """Fold the running choice's measured step time, against the cost model's prediction over
-    the same steps, into its correction (``planning.step_correction``): a report whose mean
-    covers too few steps, or names a choice outside the pool, leaves them as they were.
+    the same steps, into its correction (``planning.step_correction``). Left as they were by a
+    report whose mean covers too few steps, that names a choice neither current nor in the
+    pool, that falls within the job's warm-up (its steps ran uncompressed whatever the report
+    names), or that comes while the link's average holds back a suspected shift (the link may
+    have moved under the window already).
 
     So does one whose steps met levels of the link at which the choice's predicted step
     differs by more than ``LINK_SENSITIVE``: which steps ran at which level is known only
@@ -460,12 +474,17 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
     oscillating link fp16's residual over such windows swung by ±0.01 s (±20 % of its step)
     from report to report around a median that varied from −0.003 to +0.012 between runs
     (session 21, kept runs of session 20), while a compressed choice's, whose step hardly
-    depends on the link, held within ±0.002 s in a run."""
+    depends on the link, held within ±0.002 s in a run.
+
+    And not a mean further than ``MAX_RESIDUAL`` of the prediction from it: the residuals seen
+    were 10-35 % of a step; one far beyond is a window the averaged link placed on the wrong
+    level (the link fell before the average did), and folded it would price the choice for good
+    (the correction of a label that stops running is kept as it was)."""
     if (m.measured_step_s is None or m.timed_steps is None or m.timed_steps < MIN_TIMED_STEPS
-            or m.running is None):
+            or m.running is None or state.link.pending):
         return state
     spec = next((c for c in (m.current, *pool) if c.label == m.running), None)
-    if spec is None:
+    if spec is None or (m.step is not None and m.step <= spec.warmup_steps):
         return state
     mix = steps_mix(state.stretches, m.step, m.timed_steps)
     links = _link_now(state, m) if mix is None else tuple((share, _link_at(b, state, m)) for share, b in mix)
@@ -473,6 +492,8 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
     if max(predictions) > (1 + LINK_SENSITIVE) * min(predictions):
         return state
     predicted = math.fsum(share * p for (share, _), p in zip(links, predictions))
+    if abs(m.measured_step_s - predicted) > MAX_RESIDUAL * predicted:
+        return state
     return dataclasses.replace(state, corrections=record_residual(state.corrections, spec.label,
                                                                   m.measured_step_s, predicted))
 
@@ -487,6 +508,7 @@ def decide(
 ) -> tuple[Verdict, PolicyState]:
     """Keep the current compressor or switch; returns the verdict and the next state."""
     state = _smooth_link(state, m, cfg, now)
+    state = _record_stretch(state, m, cfg, now)
     state = _switch_took_effect(state, m, now)
     critical_why, state = _critical_regime(state, m, cfg, now)
     if m.running_efficiency is not None:
@@ -501,7 +523,7 @@ def decide(
     passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
     best = _best(passing, m, _link_now(state, m)) if passing else None
     if best is None:
-        state = _record_link(state, m, cfg, now, None)
+        state = _record_level(state, m, cfg, now, None)
         current = _score(m.current, m, _link_now(state, m))
         why = "no candidate passes the quality guard" if not passing else "no passing candidate has a measured error yet"
         return Keep(why, current.step_s), state

@@ -19,14 +19,17 @@ from planning.spec import CompressorSpec, make_spec
 PHASES: tuple[str, ...] = ("data", "forward", "backward", "exposed_comm", "optimizer")
 HOOK_PHASES: tuple[str, ...] = ("compress", "communicate", "decompress")
 ALL_PHASES: tuple[str, ...] = PHASES + HOOK_PHASES
-#: The phases ``planning.costmodel.predict_step`` predicts: all but loading data, which
-#: costs every compressor the same (and whose first step carries the loader's start-up).
-PREDICTED_PHASES: tuple[str, ...] = ("forward", "backward", "exposed_comm", "optimizer")
+#: The phases that add up to a step (``docs/step.md``): ``exposed_comm`` and the hook's
+#: phases are parts of ``backward``, not additions.
+STEP_PHASES: tuple[str, ...] = ("data", "forward", "backward", "optimizer")
+#: The part of a step ``planning.costmodel.predict_step`` predicts: all but loading data,
+#: which costs every compressor the same (and whose first step carries the loader's start-up).
+PREDICTED_PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 
 
-def step_seconds(phase_seconds: Mapping[str, float], phases: tuple[str, ...] = PHASES) -> float | None:
-    """One step's seconds from its ``phases`` (the hook's phases lie within backward and
-    exposed communication, so they are not added); None when none of them was timed."""
+def step_seconds(phase_seconds: Mapping[str, float], phases: tuple[str, ...] = STEP_PHASES) -> float | None:
+    """Seconds of a step (or of the part of it in ``phases``) from its phase means; None
+    when none of those phases was timed."""
     parts = [phase_seconds[p] for p in phases if p in phase_seconds]
     return sum(parts) if parts else None
 

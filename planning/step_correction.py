@@ -13,13 +13,13 @@ report gives a residual, measured minus predicted, for the choice that ran, and 
 adds each label's averaged residual to its predictions.
 
 Additive, not a ratio: what the model misses is mostly time every step pays whatever the
-link does (loading data, Python around the hook, a codec's cost profiled on another
-compressor's steps). In session 20's kept oscillating runs each label's residual was the same
+link does (Python around the hook and the optimizer, a codec's cost profiled on another
+compressor's steps; loading data is left out of the measurement, as of the model). In session 20's kept oscillating runs each label's residual was the same
 at both levels of the link (PowerSGD r8 +0.010 s at 1000 and 50 Mbit/s, fp16 +0.006 at both)
 while its ratio was not (fp16 1.13 and 1.10). A label that has not run is given the least
-residual of those that have (another rank of a compressor that ran, that compressor's): the
-part every choice pays, as far as the job knows it; what a label adds to that is measured
-once it runs (an optimistic start, as the quality estimates are: a pessimistic one would
+residual of those that have, the part every choice pays as far as the job knows it (another
+rank of a compressor that ran takes that compressor's latest residual instead: it runs the
+same code around the hook); what a label adds to that is measured once it runs (an optimistic start, as the quality estimates are: a pessimistic one would
 keep it from ever running).
 
 The prediction a residual is taken against covers the same steps as the measurement: the

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 
 from compressors.sync import StepRecord
-from planning.protocol import ALL_PHASES, PHASES
+from planning.protocol import ALL_PHASES, PHASES, step_seconds
 from workers.probe import synchronize
 
 
@@ -61,7 +61,7 @@ class StepTiming:
 
     @property
     def total_s(self) -> float:
-        return sum(self.seconds.get(phase, 0.0) for phase in PHASES if phase != "exposed_comm")
+        return step_seconds(self.seconds) or 0.0
 
 
 class StepTimer:

@@ -37,7 +37,7 @@ def test_telemetry_updates_the_job_status(coordinator):
     assert (status["compressor"], status["compressor_rank"]) == ("acpsgd", 4)
     assert status["bandwidth_bytes_per_second"] == 5e8
     assert status["phase_seconds"] == expected["phase_seconds"]
-    assert status["step_seconds"] == pytest.approx(0.018)
+    assert status["step_seconds"] == pytest.approx(0.015)  # data + forward + backward + optimizer
 
 
 def test_metrics_has_every_phase_of_the_job(coordinator):
