@@ -17,7 +17,7 @@ from planning import costmodel, registry
 from planning.decision import Decision, DecisionSource, decision_for, switch_params
 from planning.policy import Keep, Measurements, PolicyConfig, PolicyState, Switch, decide, without_dwell
 from planning.progress import contraction
-from planning.protocol import PREDICTED_PHASES, ModelProfile, Telemetry, step_seconds
+from planning.protocol import ModelProfile, Telemetry
 from planning.sections import CompressionConfig
 from planning.spec import CompressorSpec
 
@@ -87,8 +87,8 @@ def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | N
         errors=dict(telemetry.compression_error_estimates) or None,
         running=running,
         running_efficiency=_running_efficiency(telemetry, running),
-        measured_step_s=step_seconds(telemetry.phase_seconds, PREDICTED_PHASES),
-        timed_steps=telemetry.timed_steps,
+        measured_step_s=telemetry.step_wall_seconds,
+        timed_steps=None if telemetry.timed_steps is None else telemetry.timed_steps - 1,
     )
 
 

@@ -194,8 +194,9 @@ class Measurements:
     #: The label of the compressor that ran the reported step (None: not reported). It
     #: differs from ``current`` between a switch and the step the workers apply it at.
     running: str | None = None
-    #: The measured mean seconds per step over the last ``timed_steps`` steps, all run by
-    #: ``running`` (None: not reported); what calibrates the predicted step times.
+    #: The measured mean wall seconds per step over the last ``timed_steps`` steps, all run
+    #: by ``running`` (``Telemetry.step_wall_seconds``; None: not reported): what calibrates
+    #: the predicted step times.
     measured_step_s: float | None = None
     timed_steps: int | None = None
     #: Seconds to add to each label's predicted step (``planning.step_correction``): what

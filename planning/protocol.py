@@ -22,9 +22,6 @@ ALL_PHASES: tuple[str, ...] = PHASES + HOOK_PHASES
 #: The phases that add up to a step (``docs/step.md``): ``exposed_comm`` and the hook's
 #: phases are parts of ``backward``, not additions.
 STEP_PHASES: tuple[str, ...] = ("data", "forward", "backward", "optimizer")
-#: The part of a step ``planning.costmodel.predict_step`` predicts: all but loading data,
-#: which costs every compressor the same (and whose first step carries the loader's start-up).
-PREDICTED_PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 
 
 def step_seconds(phase_seconds: Mapping[str, float], phases: tuple[str, ...] = STEP_PHASES) -> float | None:
@@ -79,6 +76,9 @@ class Telemetry(_Strict):
     #: How many recent steps ``phase_seconds`` average (``workers.timing.StepTimer``'s window,
     #: restarted at a switch: all of them ran the reported compressor). None: not reported.
     timed_steps: int | None = Field(default=None, ge=0)
+    #: Mean wall seconds from the end of one of those steps to the end of the next
+    #: (``timed_steps − 1`` intervals): all a step costs, the work between its phases included.
+    step_wall_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     bytes_sent_per_step: float | None = Field(default=None, ge=0)
     bandwidth_bytes_per_second: float | None = Field(default=None, gt=0)
     latency_seconds: float | None = Field(default=None, ge=0)

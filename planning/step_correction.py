@@ -8,13 +8,17 @@ link (session 20, ``README.md``) the policy settled on PowerSGD r8, which the co
 priced at 0.0458 s/step on the mix of the link's levels and fp16 at 0.0523; measured, both
 ran at ~0.052, so fp16, which loses nothing, was the better choice, but it looked less than
 the switching threshold ahead. The running choice's step time is measured all along
-(``Telemetry.phase_seconds``, the mean over ``Telemetry.timed_steps`` recent steps), so each
-report gives a residual, measured minus predicted, for the choice that ran, and the policy
-adds each label's averaged residual to its predictions.
+(``Telemetry.step_wall_seconds``: the mean wall time from the end of one step to the end of
+the next over the worker's recent steps), so each report gives a residual, measured minus
+predicted, for the choice that ran, and the policy adds each label's averaged residual to its
+predictions. Wall time, not the sum of the timed phases: the work between the phases (the
+decision exchange, link probes and checks, reports, checkpoints) is paid per step too: in
+sessions 20-21's oscillating runs 0.005-0.009 s a step, 10-15 % of it (fp16 0.005-0.006,
+PowerSGD r8 0.007-0.008, ``none`` 0.009), and not alike by every choice.
 
 Additive, not a ratio: what the model misses is mostly time every step pays whatever the
-link does (Python around the hook and the optimizer, a codec's cost profiled on another
-compressor's steps; loading data is left out of the measurement, as of the model). In session 20's kept oscillating runs each label's residual was the same
+link does (Python around the hook and the optimizer, loading data, the work between the
+phases, a codec's cost profiled on another compressor's steps). In session 20's kept oscillating runs each label's residual was the same
 at both levels of the link (PowerSGD r8 +0.010 s at 1000 and 50 Mbit/s, fp16 +0.006 at both)
 while its ratio was not (fp16 1.13 and 1.10). A label that has not run is given the least
 residual of those that have, the part every choice pays as far as the job knows it (another

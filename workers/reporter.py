@@ -231,6 +231,7 @@ class Reporter:
             samples_per_second=(self.batch_size * self.env.world_size / step_s) if step_s > 0 else None,
             phase_seconds=means,
             timed_steps=len(timer.recent),
+            step_wall_seconds=timer.wall_step_s(),
             bytes_sent_per_step=stats.bytes_sent / stats.steps if stats.steps else None,
             bandwidth_bytes_per_second=bandwidth,
             latency_seconds=latency,

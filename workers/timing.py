@@ -57,7 +57,7 @@ class StepTiming:
 
     step: int
     seconds: dict[str, float]
-    ended_at: float
+    ended_at: float  # time.perf_counter() at the end of the step
 
     @property
     def total_s(self) -> float:
@@ -106,7 +106,7 @@ class StepTimer:
             seconds["decompress"] = record.decompress_s
         for phase in ALL_PHASES:
             seconds.setdefault(phase, 0.0)
-        timing = StepTiming(step=step, seconds=seconds, ended_at=time.time())
+        timing = StepTiming(step=step, seconds=seconds, ended_at=time.perf_counter())
         self.recent.append(timing)
         self._current, self._events = {}, []
         return timing
@@ -123,6 +123,17 @@ class StepTimer:
 
     def mean_step_s(self) -> float:
         return sum(t.total_s for t in self.recent) / len(self.recent) if self.recent else 0.0
+
+    def wall_step_s(self) -> float | None:
+        """Mean wall seconds from the end of one step to the end of the next over the window
+        (``len(recent) − 1`` intervals; None with fewer than two steps): all a step costs,
+        the work between the timed phases included (the decision exchange, link probes,
+        reports, checkpoints). What the adaptive policy compares its predictions with
+        (``planning.step_correction``): on the benchmark's CPU workers every choice spent
+        0.005-0.009 s a step outside its phases, 10-15 % of the step."""
+        if len(self.recent) < 2:
+            return None
+        return (self.recent[-1].ended_at - self.recent[0].ended_at) / (len(self.recent) - 1)
 
     def reset_window(self) -> None:
         """Forget recent steps (after a compressor switch the old means no longer apply)."""

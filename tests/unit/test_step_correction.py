@@ -138,12 +138,11 @@ def test_a_new_world_size_drops_the_corrections_measured_at_the_old_one() -> Non
     from planning.sections import CompressionConfig
 
     profile = ModelProfile(shapes=[[1024, 1024], [1024]], forward_s=0.002, backward_s=0.004)
-    phases = {"forward": 0.002, "backward": 0.005, "optimizer": 0.0}
     controller = AdaptiveController(CompressionConfig(mode="adaptive", compressor="fp16"))
 
     def observe(step: int, world_size: int, timed_steps: int | None) -> None:
         controller.observe(Telemetry(step=step, world_size=world_size, bandwidth_bytes_per_second=GBIT10,
-                                     latency_seconds=1e-4, phase_seconds=phases, timed_steps=timed_steps,
+                                     latency_seconds=1e-4, timed_steps=timed_steps, step_wall_seconds=0.007,
                                      compressor="fp16", profile=profile), float(step))
 
     observe(200, 4, 50)
@@ -154,19 +153,18 @@ def test_a_new_world_size_drops_the_corrections_measured_at_the_old_one() -> Non
     assert controller.state.corrections == ()
 
 
-def test_a_report_gives_the_policy_its_mean_step_without_loading_data() -> None:
-    """The cost model predicts no data loading (it costs every compressor the same, and the
-    loader's start-up lands on the first step), so the measured step leaves it out; exposed
-    communication and the hook's phases are parts of backward, not additions."""
+def test_a_report_gives_the_policy_its_mean_wall_time_per_step() -> None:
+    """All a step costs, the work between its phases included: the wall time between the ends
+    of the window's steps, one interval fewer than its steps."""
     from planning.controller import policy_measurements
     from planning.protocol import Telemetry
 
     phases = {"data": 0.5, "forward": 0.01, "backward": 0.02, "exposed_comm": 0.003, "optimizer": 0.001,
               "compress": 0.002}
     report = Telemetry(step=60, world_size=2, bandwidth_bytes_per_second=1e8, phase_seconds=phases, timed_steps=50,
-                       compressor="fp16")
+                       step_wall_seconds=0.04, compressor="fp16")
     m = policy_measurements(report, PROFILE, FP16)
-    assert m is not None and m.timed_steps == 50 and m.running == "fp16"
-    assert m.measured_step_s == pytest.approx(0.031)
+    assert m is not None and m.timed_steps == 49 and m.running == "fp16"
+    assert m.measured_step_s == 0.04
     bare = policy_measurements(Telemetry(step=60, bandwidth_bytes_per_second=1e8), PROFILE, FP16)
     assert bare is not None and bare.measured_step_s is None and bare.timed_steps is None

@@ -22,7 +22,8 @@ def keep_run(run_dir: Path, bandwidths: list[float]) -> Path:
     compression = CompressionConfig(mode="adaptive", compressor="none", min_dwell_s=2.0)
     (run_dir / "config.json").write_text(json.dumps({"compression": compression.model_dump()}))
     reports = [Telemetry(step=10 * (i + 1), bandwidth_bytes_per_second=b, latency_seconds=1e-4, phase_seconds=PHASES,
-                         timed_steps=min(50, 10 * (i + 1)), world_size=2, grad_norm=1.0, compressor="none",
+                         timed_steps=min(50, 10 * (i + 1)), step_wall_seconds=0.008, world_size=2, grad_norm=1.0,
+                         compressor="none",
                          wall_time=1000.0 + i, profile=PROFILE if i == 0 else None)
                for i, b in enumerate(bandwidths)]
     (run_dir / "telemetry.jsonl").write_text("".join(r.model_dump_json() + "\n" for r in reports))

@@ -123,3 +123,18 @@ def test_the_gpu_codec_clock_waits_for_the_device_then_reads_wall_time(monkeypat
     time.sleep(0.05)
     assert clock() - before >= 0.05
     assert waited == [gpu, gpu]
+
+
+def test_the_wall_time_per_step_counts_the_work_between_the_phases():
+    """From the end of one step to the end of the next: the phases plus what runs outside
+    them (here a sleep between steps, as the decision exchange or a checkpoint would)."""
+    timer = StepTimer(CPU, window=4)
+    timed_step(timer, 0, None, sleep_s=0.001)
+    assert timer.wall_step_s() is None  # one step: no interval yet
+    for step in range(1, 6):
+        time.sleep(0.004)  # untimed work between steps
+        timed_step(timer, step, None, sleep_s=0.001)
+    assert timer.wall_step_s() >= 4 * 0.001 + 0.004  # four timed phases and the gap, per interval
+    assert timer.wall_step_s() > timer.mean_step_s() + 0.003
+    timer.reset_window()
+    assert timer.wall_step_s() is None
