@@ -472,13 +472,12 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
     So does one whose steps met levels of the link at which the choice's predicted step
     differs by more than ``LINK_SENSITIVE``: which steps ran at which level is known only
     from the averaged link, which lags the real one by several steps, and on the benchmark's
-    oscillating link fp16's residual over such windows swung by ±0.01 s (±20 % of its step)
-    from report to report around a median that varied from −0.003 to +0.012 between runs
-    (session 21, kept runs of session 20), while a compressed choice's, whose step hardly
-    depends on the link, held within ±0.002 s in a run.
+    oscillating link fp16's residual over such windows ranged from −0.015 to +0.004 s
+    (10th to 90th percentile, ±20 % of its step; session 21's runs), while PowerSGD r8's,
+    whose step hardly depends on the link, lay within +0.000 to +0.008 s at either level.
 
     And not a mean further than ``MAX_RESIDUAL`` of the prediction from it: the residuals seen
-    were 10-35 % of a step; one far beyond is a window the averaged link placed on the wrong
+    at one level were within 40 % of a step; one far beyond is a window the averaged link placed on the wrong
     level (the link fell before the average did), and folded it would price the choice for good
     (the correction of a label that stops running is kept as it was)."""
     if (m.measured_step_s is None or m.timed_steps is None or m.timed_steps < MIN_TIMED_STEPS

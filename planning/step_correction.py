@@ -16,11 +16,16 @@ decision exchange, link probes and checks, reports, checkpoints) is paid per ste
 sessions 20-21's oscillating runs 0.005-0.009 s a step, 10-15 % of it (fp16 0.005-0.006,
 PowerSGD r8 0.007-0.008, ``none`` 0.009), and not alike by every choice.
 
-Additive, not a ratio: what the model misses is mostly time every step pays whatever the
-link does (Python around the hook and the optimizer, loading data, the work between the
-phases, a codec's cost profiled on another compressor's steps). In session 20's kept oscillating runs each label's residual was the same
-at both levels of the link (PowerSGD r8 +0.010 s at 1000 and 50 Mbit/s, fp16 +0.006 at both)
-while its ratio was not (fp16 1.13 and 1.10). A label that has not run is given the least
+Additive, not a ratio: what the model misses for a compressed choice is time every step
+pays whatever the link does (Python around the hook and the optimizer, loading data, the work
+between the phases, a codec's cost profiled on another compressor's steps). In session 21's
+runs (wall time against the model over windows at one level of the link, median per label)
+PowerSGD r8's residual was +0.005 s at 1000 Mbit/s and +0.007 s at 50, ACP-SGD r8's 0.000 at
+both. Not so for a choice whose step depends on the link: fp16 −0.001 s at 1000 and −0.019
+at 50, ``none`` −0.002 and −0.056. There the model prices communication at the averaged
+reading of the slow link, which sat below its rate, so their residual is a property of the
+level, and one average per label follows the level the choice last ran at (a known limit:
+keeping residuals per level is the next step, ``README.md``). A label that has not run is given the least
 residual of those that have, the part every choice pays as far as the job knows it (another
 rank of a compressor that ran takes that compressor's latest residual instead: it runs the
 same code around the hook); what a label adds to that is measured once it runs (an optimistic start, as the quality estimates are: a pessimistic one would
@@ -67,11 +72,15 @@ def record_residual(corrections: Corrections, label: str, measured_s: float, pre
 def correction_for(corrections: Corrections, label: str) -> float:
     """Seconds to add to ``label``'s predicted step: its averaged residual; else that of the
     latest measured label of its compressor (another rank runs the same code around the
-    hook); else the least of the measured labels' (the part every choice pays); else 0."""
+    hook); else the least of the measured labels' (the part every choice pays), but not below
+    0; else 0. Why not below 0: what every step pays beside the model's phases only adds
+    time, and a negative residual is the model overpricing that choice's communication at
+    a level of the link (``none`` −0.056 s and fp16 −0.019 s at 50 Mbit/s in session 21's runs,
+    whose averaged reading sat below the link's rate), which says nothing of another choice."""
     known = dict(corrections)
     if label in known:
         return known[label]
     kin = [value for other, value in corrections if compressor_of(other) == compressor_of(label)]
     if kin:
         return kin[-1]
-    return min(known.values()) if known else 0.0
+    return max(0.0, min(known.values())) if known else 0.0

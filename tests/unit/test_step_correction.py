@@ -47,6 +47,7 @@ def test_a_residual_is_averaged_per_label_and_a_label_not_run_takes_the_least() 
     assert correction_for(corrections, "none") == pytest.approx(0.01)  # the part every choice pays
     assert correction_for(corrections, "acpsgd-r4") == pytest.approx(0.05)  # another rank: its compressor's
     assert correction_for((), "none") == 0.0
+    assert correction_for((("none", -0.05), ("fp16", -0.01)), "acpsgd-r4") == 0.0  # overpriced links say nothing of it
     with pytest.raises(ValueError, match="^measured_s"):
         record_residual((), "fp16", math.nan, 0.1)
     with pytest.raises(ValueError, match="^predicted_s"):
