@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as error:
             print(f"{run_dir}: cannot replay: {error}", file=sys.stderr)
             return 2
+        replay.run = str(run_dir.relative_to(args.root)) if run_dir != args.root else str(run_dir)
         replays.append(replay)
-        print(f"{run_dir.relative_to(args.root) if run_dir != args.root else run_dir}: {replay.reports} reports, "
+        print(f"{replay.run}: {replay.reports} reports, "
               f"{replay.judged_on_mix} judged on a mix")
         print(f"  ran:      {replay.ran}")
         print(f"  switches: {replay.switches}")
