@@ -88,7 +88,7 @@ def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | N
         running=running,
         running_efficiency=_running_efficiency(telemetry, running),
         measured_step_s=telemetry.step_wall_seconds,
-        timed_steps=None if telemetry.timed_steps is None else telemetry.timed_steps - 1,
+        measured_steps=None if telemetry.timed_steps is None else telemetry.timed_steps - 1,
     )
 
 

@@ -91,7 +91,14 @@ from planning.progress import (
     standard_error_weight,
 )
 from planning.spec import CompressorSpec
-from planning.step_correction import MIN_TIMED_STEPS, Corrections, correction_for, record_residual
+from planning.step_correction import (
+    LINK_SENSITIVE,
+    MAX_RESIDUAL,
+    MIN_TIMED_STEPS,
+    Corrections,
+    correction_for,
+    record_residual,
+)
 
 
 @dataclass(frozen=True)
@@ -194,11 +201,12 @@ class Measurements:
     #: The label of the compressor that ran the reported step (None: not reported). It
     #: differs from ``current`` between a switch and the step the workers apply it at.
     running: str | None = None
-    #: The measured mean wall seconds per step over the last ``timed_steps`` steps, all run
-    #: by ``running`` (``Telemetry.step_wall_seconds``; None: not reported): what calibrates
-    #: the predicted step times.
+    #: The measured mean wall seconds per step over the last ``measured_steps`` steps, all
+    #: run by ``running`` (``Telemetry.step_wall_seconds``; None: not reported): what
+    #: calibrates the predicted step times. ``measured_steps`` counts the intervals the mean
+    #: spans, one fewer than the window's ``Telemetry.timed_steps``.
     measured_step_s: float | None = None
-    timed_steps: int | None = None
+    measured_steps: int | None = None
     #: Seconds to add to each label's predicted step (``planning.step_correction``): what
     #: :func:`decide` keeps in its state replaces a caller's value (as the calibrated errors do).
     step_corrections: Corrections = ()
@@ -453,14 +461,6 @@ def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now
     return state, links, mix, _score(m.current, _doubt_in_favour(m, state), links)
 
 
-#: A measured mean is not folded when the running choice's predicted step differs by more
-#: than this share between the levels its steps met.
-LINK_SENSITIVE = 0.10
-
-#: Nor when it lies further than this share of the prediction from it.
-MAX_RESIDUAL = 0.5
-
-
 def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[CompressorSpec]) -> PolicyState:
     """Fold the running choice's measured step time, against the cost model's prediction over
     the same steps, into its correction (``planning.step_correction``). Left as they were by a
@@ -480,13 +480,13 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
     at one level were within 40 % of a step; one far beyond is a window the averaged link placed on the wrong
     level (the link fell before the average did), and folded it would price the choice for good
     (the correction of a label that stops running is kept as it was)."""
-    if (m.measured_step_s is None or m.timed_steps is None or m.timed_steps < MIN_TIMED_STEPS
+    if (m.measured_step_s is None or m.measured_steps is None or m.measured_steps < MIN_TIMED_STEPS
             or m.running is None or state.link.pending):
         return state
     spec = next((c for c in (m.current, *pool) if c.label == m.running), None)
     if spec is None or (m.step is not None and m.step <= spec.warmup_steps):
         return state
-    mix = steps_mix(state.stretches, m.step, m.timed_steps)
+    mix = steps_mix(state.stretches, m.step, m.measured_steps)
     links = _link_now(state, m) if mix is None else tuple((share, _link_at(b, state, m)) for share, b in mix)
     predictions = [_predicted_step(spec, m, ((1.0, link),)) for _, link in links]
     if max(predictions) > (1 + LINK_SENSITIVE) * min(predictions):

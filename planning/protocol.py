@@ -24,10 +24,10 @@ ALL_PHASES: tuple[str, ...] = PHASES + HOOK_PHASES
 STEP_PHASES: tuple[str, ...] = ("data", "forward", "backward", "optimizer")
 
 
-def step_seconds(phase_seconds: Mapping[str, float], phases: tuple[str, ...] = STEP_PHASES) -> float | None:
-    """Seconds of a step (or of the part of it in ``phases``) from its phase means; None
-    when none of those phases was timed."""
-    parts = [phase_seconds[p] for p in phases if p in phase_seconds]
+def step_seconds(phase_seconds: Mapping[str, float]) -> float | None:
+    """Seconds of a step from its phase means (the sum over ``STEP_PHASES``); None when none
+    of those phases was timed."""
+    parts = [phase_seconds[p] for p in STEP_PHASES if p in phase_seconds]
     return sum(parts) if parts else None
 
 

@@ -54,6 +54,13 @@ RESIDUAL_WEIGHT = 0.2
 #: first steps carry the switch's own costs (allocating the new compressor's state).
 MIN_TIMED_STEPS = 5
 
+#: Nor when the running choice's predicted step differs by more than this share between the
+#: levels of the link its steps met (``planning.policy._fold_step_residual`` says why).
+LINK_SENSITIVE = 0.10
+
+#: Nor when it lies further than this share of the prediction from it.
+MAX_RESIDUAL = 0.5
+
 
 def record_residual(corrections: Corrections, label: str, measured_s: float, predicted_s: float,
                     weight: float = RESIDUAL_WEIGHT) -> Corrections:

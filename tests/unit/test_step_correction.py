@@ -31,9 +31,9 @@ def predicted(spec: CompressorSpec, bandwidth: float) -> float:
 
 
 def report(spec: CompressorSpec, bandwidth: float, step: int, measured_s: float | None,
-           timed_steps: int = 50) -> Measurements:
+           measured_steps: int = 50) -> Measurements:
     return Measurements(bandwidth, LATENCY, WORKERS, PROFILE, spec, step=step, errors=ERRORS, running=spec.label,
-                        measured_step_s=measured_s, timed_steps=timed_steps)
+                        measured_step_s=measured_s, measured_steps=measured_steps)
 
 
 def test_a_residual_is_averaged_per_label_and_a_label_not_run_takes_the_least() -> None:
@@ -94,7 +94,7 @@ def test_a_choice_measured_slower_than_predicted_loses_to_the_one_that_runs_as_p
 
 def test_a_mean_over_too_few_steps_or_in_the_warm_up_or_far_off_the_model_is_not_folded() -> None:
     fast = predicted(FP16, GBIT10)
-    for m in (report(FP16, GBIT10, 100, fast, timed_steps=MIN_TIMED_STEPS - 1),
+    for m in (report(FP16, GBIT10, 100, fast, measured_steps=MIN_TIMED_STEPS - 1),
               report(make_spec("acpsgd", rank=16, warmup_steps=200), GBIT10, 100, fast),  # ran uncompressed
               report(FP16, GBIT10, 100, 1.6 * fast)):  # a window the average placed on the wrong level
         _, state = decide(PolicyState(), m, CFG, 0.0)
@@ -165,7 +165,7 @@ def test_a_report_gives_the_policy_its_mean_wall_time_per_step() -> None:
     report = Telemetry(step=60, world_size=2, bandwidth_bytes_per_second=1e8, phase_seconds=phases, timed_steps=50,
                        step_wall_seconds=0.04, compressor="fp16")
     m = policy_measurements(report, PROFILE, FP16)
-    assert m is not None and m.timed_steps == 49 and m.running == "fp16"
+    assert m is not None and m.measured_steps == 49 and m.running == "fp16"
     assert m.measured_step_s == 0.04
     bare = policy_measurements(Telemetry(step=60, bandwidth_bytes_per_second=1e8), PROFILE, FP16)
-    assert bare is not None and bare.measured_step_s is None and bare.timed_steps is None
+    assert bare is not None and bare.measured_step_s is None and bare.measured_steps is None
