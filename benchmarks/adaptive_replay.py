@@ -49,6 +49,8 @@ from benchmarks.outputs import write_json_and_table
 from benchmarks.rate_pairs import parse_rate_pairs
 from benchmarks.repo import REPO_ROOT
 from benchmarks.simulate import (
+    GPU_CODEC_FIXED_S,
+    GPU_CODEC_SPEEDUP,
     GPU_COMPUTE,
     NETWORKS,
     bucket_segments,
@@ -63,9 +65,13 @@ from planning.spec import CompressorSpec, make_spec
 
 #: Gbit/s for seconds: 25 Gbit/s with two stretches at 1 Gbit/s.
 DEFAULT_TRACE = "25:300,1:120,25:300,1:120,25:300"
-#: Compressors whose GPU codec cost is measured (compressor_cost.json); the casts are not.
+#: Compressors whose codec cost compressor_cost.json measured on the CPU (÷ an assumed GPU
+#: speed-up); the casts' cost is a memory pass whose CPU time says little about a GPU's.
 ALLOWED = ("none", "acpsgd", "powersgd", "topk", "signsgd")
-METHOD_OF = {"none": "ssgd", "acpsgd": "acpsgd", "powersgd": "powersgd", "topk": "topk", "signsgd": "signsgd"}
+#: With a GPU check (``--gpu-check``) every codec is measured on the GPU, the casts too.
+ALLOWED_MEASURED = ALLOWED + ("fp16", "bf16")
+METHOD_OF = {"none": "ssgd", "fp16": "fp16", "bf16": "bf16", "acpsgd": "acpsgd", "powersgd": "powersgd",
+             "topk": "topk", "signsgd": "signsgd"}
 REPORT_EVERY_S = 2.0
 #: A run that needs more than this many times the target's steps counts as never reaching it.
 MAX_STEPS_OVER_TARGET = 20
@@ -130,17 +136,53 @@ def measured_errors(model: str, specs: Sequence[CompressorSpec], batch: int = 2)
     return estimate_errors(sample, specs)
 
 
-def profile_for(model: str, shapes: Sequence[Sequence[int]], ready: Sequence[float] | None,
-                cost_json: Mapping[str, Any] | None, specs: Sequence[CompressorSpec]) -> StepProfile:
-    """benchmarks.simulate's paper-scale profile, with a GPU codec cost for every candidate label."""
+@dataclass(frozen=True)
+class StepCosts:
+    """One model's compute per step and where its codec costs come from: ``benchmarks.simulate``'s
+    ASSUMED V100-class figures, or a GPU check's measurement (:func:`measured_costs`)."""
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    rank: int
+    #: ``{model: {method: {"encode_decode_s": ...}}}`` (compressor_cost.json or a GPU check's codecs).
+    codecs: Mapping[str, Any] | None
+    codec_speedup: float
+    codec_fixed_s: float
+    source: str
+
+
+def assumed_costs(model: str, cost_json: Mapping[str, Any] | None) -> StepCosts:
     gpu = GPU_COMPUTE[model]
+    return StepCosts(gpu["forward_s"], gpu["backward_s"], gpu["optimizer_s"], int(gpu["rank"]), cost_json,
+                     GPU_CODEC_SPEEDUP, GPU_CODEC_FIXED_S, "assumed V100-class compute, CPU codec ÷ 30")
+
+
+def measured_costs(model: str, gpu_check: Mapping[str, Any]) -> StepCosts:
+    """Compute and codec as ``benchmarks.gpu_check`` measured them on one GPU: forward,
+    backward (less its exposed wait on the one-process all-reduce) and optimizer of the
+    uncompressed step at the paper's batch; every codec's encode+decode on the paper's shapes
+    at the paper's ranks (``benchmarks.compressor_cost.WORKLOADS``, the same as
+    :data:`GPU_COMPUTE`'s). A ValueError naming the file's missing part."""
+    rows = [r for r in gpu_check.get("steps", []) if r.get("model") == model and r.get("compressor") == "none"]
+    if not rows or model not in gpu_check.get("codecs", {}):
+        raise ValueError(f"--gpu-check: no uncompressed step or codec measurement of {model} in the file")
+    phases = rows[0]["phase_s"]
+    return StepCosts(phases["forward"], max(0.0, phases["backward"] - phases["exposed_comm"]), phases["optimizer"],
+                     int(GPU_COMPUTE[model]["rank"]), gpu_check["codecs"], 1.0, 0.0, f"measured on {gpu_check.get('device_name', 'a GPU')}")
+
+
+def profile_for(model: str, shapes: Sequence[Sequence[int]], ready: Sequence[float] | None,
+                costs: StepCosts, specs: Sequence[CompressorSpec]) -> StepProfile:
+    """benchmarks.simulate's paper-scale profile, with a GPU codec cost for every candidate label."""
     fractions = ready_fractions(ready)
     layout = layout_for(shapes, 25.0, ddp_default=True)
-    segments = bucket_segments(layout, tuple(f * gpu["backward_s"] for f in fractions) if fractions else None,
-                               gpu["backward_s"])
-    codec = {s.label: gpu_codec(METHOD_OF[s.name], shapes, int(gpu["rank"]), cost_json, model) for s in specs}
-    return StepProfile.build(shapes, forward_s=gpu["forward_s"], backward_s=gpu["backward_s"],
-                             optimizer_s=gpu["optimizer_s"], buckets=layout, bucket_backward_s=segments,
+    segments = bucket_segments(layout, tuple(f * costs.backward_s for f in fractions) if fractions else None,
+                               costs.backward_s)
+    codec = {s.label: gpu_codec(METHOD_OF[s.name], shapes, costs.rank, costs.codecs, model, costs.codec_speedup,
+                                costs.codec_fixed_s) for s in specs}
+    return StepProfile.build(shapes, forward_s=costs.forward_s, backward_s=costs.backward_s,
+                             optimizer_s=costs.optimizer_s, buckets=layout, bucket_backward_s=segments,
                              codec_costs=codec)
 
 
@@ -224,22 +266,27 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
 
     paper = json.loads(args.paper_json.read_text()) if args.paper_json.exists() else {}
     cost = json.loads(args.cost_json.read_text()) if args.cost_json.exists() else None
+    gpu_check = json.loads(args.gpu_check.read_text()) if args.gpu_check else None
     traces = {text: parse_trace(text) for text in args.trace or [DEFAULT_TRACE]}
-    cfg = PolicyConfig(allowed=ALLOWED)
+    cfg = PolicyConfig(allowed=ALLOWED if gpu_check is None else ALLOWED_MEASURED)
     specs = candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)
     out: dict[str, Any] = {"traces": list(traces), "running_over_estimate": args.running_over_estimate,
                            "running_exponent": args.running_exponent, "models": {},
+                           "gpu_check": str(args.gpu_check) if args.gpu_check else None,
                            "runs": {text: {} for text in traces}}
     for model in args.models:
         shapes = [tuple(s) for s in parameter_shapes(model)]
         calib = (paper.get("calibration") or {}).get(f"{model}/2") or {}
         same = [tuple(s) for s in paper.get("workloads", {}).get(model, {}).get("shapes", [])] == shapes
-        profile = profile_for(model, shapes, calib.get("ready_s") if same else None, cost, specs)
+        costs = assumed_costs(model, cost) if gpu_check is None else measured_costs(model, gpu_check)
+        profile = profile_for(model, shapes, calib.get("ready_s") if same else None, costs, specs)
         started = time.monotonic()
         earlier = json.loads(args.errors_from.read_text())["models"].get(model) if args.errors_from else None
         errors = earlier["errors"] if earlier else measured_errors(model, specs, ERROR_BATCH.get(model, 8))
         running = running_errors(errors, args.running_over_estimate, args.running_exponent)
-        out["models"][model] = {"errors": errors, "error_batch": ERROR_BATCH.get(model, 8),
+        out["models"][model] = {"errors": errors, "error_batch": ERROR_BATCH.get(model, 8), "costs": costs.source,
+                                "compute_s": {"forward": round(costs.forward_s, 4), "backward": round(costs.backward_s, 4),
+                                              "optimizer": round(costs.optimizer_s, 4)},
                                 "estimate_s": round(time.monotonic() - started, 1)}
         for text, trace in traces.items():
             out["runs"][text][model] = {str(workers): replay_one(Replay(profile, workers, trace, errors, running), specs, cfg)
@@ -327,6 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--from-benchmark", type=Path, default=REPO_ROOT / "benchmarks/results/adaptive_quick.json")
     parser.add_argument("--paper-json", type=Path, default=REPO_ROOT / "benchmarks/results/paper.json")
     parser.add_argument("--cost-json", type=Path, default=REPO_ROOT / "benchmarks/results/compressor_cost.json")
+    parser.add_argument("--gpu-check", type=Path, default=None,
+                        help="compute and codec costs measured by benchmarks.gpu_check (its JSON) instead of the "
+                             "assumed V100-class figures; the casts fp16/bf16 join the candidates")
     parser.add_argument("--errors-from", type=Path, default=None,
                         help="reuse the measured errors of an earlier replay JSON (skips the backward passes)")
     parser.add_argument("--json-out", type=Path, default=None)
@@ -343,7 +393,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.running_over_estimate = ratio_from_benchmark(args.from_benchmark) or 1.0
     if not args.running_over_estimate >= 1 or not math.isfinite(args.running_over_estimate):
         parser.error(f"--running-over-estimate: must be a finite number >= 1, got {args.running_over_estimate}")
-    doc = replay(args)
+    if args.gpu_check is not None and not args.gpu_check.is_file():
+        parser.error(f"--gpu-check: no such file {args.gpu_check}")
+    try:
+        doc = replay(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     table = markdown(doc)
     print(table)
     write_json_and_table(args.json_out, doc, table)

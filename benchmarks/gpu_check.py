@@ -99,6 +99,8 @@ def write_markdown(path: Path, doc: dict[str, Any]) -> None:
                      + " | ".join(f"{row['phase_s'][p] * 1e3:.1f}" for p in phases) + " |")
     lines += ["", "compress/decompress: the hook's host time per step (on a GPU, kernel launches; the kernels "
               "themselves are inside backward and exposed_comm).", ""]
+    for failure in doc.get("failed", []):
+        lines.append(f"- FAILED: {failure['model']} with {failure['compressor']}: {failure['error']}")
     path.write_text("\n".join(lines))
 
 
@@ -127,27 +129,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     doc: dict[str, Any] = {"device_name": device_name(device), "torch": torch.__version__,
                            "command": "python -m benchmarks.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:])}
+    def save() -> None:
+        """Write what is measured so far: a run cut short (the device's time is lent by the
+        minute) keeps every row it finished."""
+        doc["wall_s"] = time.monotonic() - started
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(doc, indent=2))
+        write_markdown(args.json_out.with_suffix(".md"), doc)
+
+    doc["codecs"], doc["steps"], doc["failed"] = {}, [], []
     with single_process_group(device):
         print(f"codecs on {doc['device_name']}", flush=True)
         doc["codecs"] = measure_workloads(args.codec_workloads, list(OUR_METHODS) + ["torch_powersgd"], 3,
                                           args.codec_steps, device)
-        doc["steps"] = []
+        save()
         for model_name in args.models:
             settings = dict(STEP_MODELS[model_name])
             settings["batch"] = args.batch or settings["batch"]
             settings["image_size"] = args.image_size or settings["image_size"]
             for compressor in args.compressors:
-                row = step_breakdown(model_name, compressor, device, warmup=args.warmup, steps=args.steps, **settings)
-                doc["steps"].append(row)
-                print(f"  {model_name:9s} {row['compressor']:12s} {row['step_s'] * 1e3:8.1f} ms/step", flush=True)
+                try:
+                    row = step_breakdown(model_name, compressor, device, warmup=args.warmup, steps=args.steps,
+                                         **settings)
+                except Exception as exc:  # noqa: BLE001 -- one failing compressor must not lose the others' rows
+                    doc["failed"].append({"model": model_name, "compressor": compressor,
+                                          "error": f"{type(exc).__name__}: {exc}"})
+                    print(f"  {model_name:9s} {compressor:12s} FAILED: {type(exc).__name__}: {exc}", flush=True)
+                else:
+                    doc["steps"].append(row)
+                    print(f"  {model_name:9s} {row['compressor']:12s} {row['step_s'] * 1e3:8.1f} ms/step", flush=True)
+                save()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    doc["wall_s"] = time.monotonic() - started
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(doc, indent=2))
-    write_markdown(args.json_out.with_suffix(".md"), doc)
     print(f"wrote {args.json_out} ({doc['wall_s']:.0f} s)")
-    return 0
+    return 1 if doc["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ from benchmarks.simulate.model import (
 )
 from benchmarks.simulate.scale import (
     COST_NAMES,
+    GPU_CODEC_FIXED_S,
+    GPU_CODEC_SPEEDUP,
     GPU_COMPUTE,
     NETWORKS,
     gpu_codec,
@@ -60,7 +62,7 @@ from benchmarks.simulate.scale import (
 from benchmarks.simulate.validate import codec_share_factor, links_by_setting, validate, validation_summary
 
 __all__ = [
-    "COST_NAMES", "GPU_COMPUTE", "METHODS", "NETWORKS", "TOPK_RATIO", "Compute", "bucket_segments",
+    "COST_NAMES", "GPU_CODEC_FIXED_S", "GPU_CODEC_SPEEDUP", "GPU_COMPUTE", "METHODS", "NETWORKS", "TOPK_RATIO", "Compute", "bucket_segments",
     "codec_share_factor", "gpu_codec", "layout_for", "links_by_setting", "method_spec", "network_link", "predict",
     "ready_fractions", "scale_grid", "speedups", "validate", "validation_summary",
 ]

@@ -38,6 +38,8 @@ def method_spec(method: str, rank: int = 4, ratio: float = TOPK_RATIO) -> Compre
     """
     if method == "ssgd":
         return make_spec("none")
+    if method in ("fp16", "bf16"):
+        return make_spec(method)
     if method in ("signsgd",):
         return make_spec("signsgd")
     if method == "topk":

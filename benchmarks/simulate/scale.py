@@ -39,8 +39,8 @@ NETWORKS: dict[str, dict[str, float]] = {
 }
 SCALE_WORKERS: tuple[int, ...] = (8, 16, 32, 64)
 #: compressor_cost.json names for each method's codec measurement.
-COST_NAMES = {"ssgd": "none", "signsgd": "signsgd", "topk": "topk", "powersgd": "powersgd",
-              "torch_powersgd": "torch_powersgd", "acpsgd": "acpsgd"}
+COST_NAMES = {"ssgd": "none", "fp16": "fp16", "bf16": "bf16", "signsgd": "signsgd", "topk": "topk",
+              "powersgd": "powersgd", "torch_powersgd": "torch_powersgd", "acpsgd": "acpsgd"}
 
 
 def network_link(name: str) -> Link:
@@ -49,12 +49,16 @@ def network_link(name: str) -> Link:
 
 
 def gpu_codec(method: str, shapes: Sequence[Sequence[int]], rank: int, cost_json: Mapping[str, Any] | None,
-              model: str, speedup: float = GPU_CODEC_SPEEDUP) -> ElementCost:
-    """Per-element GPU codec cost from the CPU measurement (compressor_cost.json), ÷ ``speedup``.
+              model: str, speedup: float = GPU_CODEC_SPEEDUP, fixed_s: float = GPU_CODEC_FIXED_S) -> ElementCost:
+    """Per-element GPU codec cost from a codec measurement, ÷ ``speedup``, plus ``fixed_s`` per
+    bucket phase.
 
-    compressor_cost.json times one step's encode+decode at world size 1 on the paper's shapes;
-    dividing by ``codec_work`` at world size 1 gives seconds per element pass, which the cost
-    model then applies at any N (so the all-gather methods' decode grows with N).
+    ``cost_json`` is ``compressor_cost.json`` (the CPU's measurement: ``speedup`` and
+    ``fixed_s`` ASSUMED) or the ``codecs`` of ``benchmarks.gpu_check`` (measured on the GPU:
+    pass ``speedup=1`` and ``fixed_s=0``, its launches are in the measured time). Both time one
+    step's encode+decode at world size 1 on the paper's shapes; dividing by ``codec_work`` at
+    world size 1 gives seconds per element pass, which the cost model then applies at any N
+    (so the all-gather methods' decode grows with N) and at any rank of the family.
     """
     spec = method_spec(method, rank)
     work = codec_work(spec, [tuple(s) for s in shapes], 1)
@@ -62,8 +66,8 @@ def gpu_codec(method: str, shapes: Sequence[Sequence[int]], rank: int, cost_json
     if cost_json is not None:
         measured = cost_json.get(model, {}).get(COST_NAMES[method], {}).get("encode_decode_s")
     if measured is None or work <= 0:
-        return ElementCost(per_element_s=1e-9 / speedup, fixed_s=GPU_CODEC_FIXED_S, calibrated=False)
-    return ElementCost(per_element_s=measured / work / speedup, fixed_s=GPU_CODEC_FIXED_S)
+        return ElementCost(per_element_s=1e-9 / speedup, fixed_s=fixed_s, calibrated=False)
+    return ElementCost(per_element_s=measured / work / speedup, fixed_s=fixed_s)
 
 
 def ready_fractions(ready_s: Sequence[float] | None) -> tuple[float, ...] | None:

@@ -76,3 +76,41 @@ def test_one_setting_reports_every_choice_the_policy_and_the_bound_and_the_table
     table = replay.markdown(doc)
     assert "trace `25:60,1:60`" in table and f"| toy | 32 | {row['adaptive']['time_to_target_s']:.0f} |" in table
     assert f"| {row['clairvoyant_over_best_fixed']:.3f} |" in table
+
+
+def gpu_check_doc() -> dict:
+    """The shape of ``benchmarks.gpu_check``'s JSON, with round numbers."""
+    phases = {"data": 0.1, "forward": 0.014, "backward": 0.026, "exposed_comm": 0.002, "optimizer": 0.0001}
+    codecs = {"resnet50": {"none": {"encode_decode_s": 0.0035}, "fp16": {"encode_decode_s": 0.0034},
+                           "acpsgd": {"encode_decode_s": 0.023}}}
+    return {"device_name": "NVIDIA H200", "codecs": codecs,
+            "steps": [{"model": "resnet50", "compressor": "none", "phase_s": phases},
+                      {"model": "resnet50", "compressor": "fp16", "phase_s": {**phases, "forward": 1.0}}]}
+
+
+def test_measured_costs_take_the_uncompressed_steps_compute_and_the_gpus_own_codec_times():
+    costs = replay.measured_costs("resnet50", gpu_check_doc())
+    # backward less the wait at its end for the one-process all-reduce; the fp16 row is not read
+    assert (costs.forward_s, costs.backward_s, costs.optimizer_s) == (0.014, pytest.approx(0.024), 0.0001)
+    assert (costs.codec_speedup, costs.codec_fixed_s, costs.rank) == (1.0, 0.0, 4)
+    assert costs.source == "measured on NVIDIA H200"
+    # Each codec's measured time is what the profile charges one step of it at world size 1 on
+    # the shapes it was measured on: per element × work, with no fixed part added.
+    from planning.buckets import codec_work
+
+    shapes = [(64, 3, 7, 7), (2048, 1000), (1000,)]
+    specs = [make_spec("acpsgd", rank=4), make_spec("fp16")]
+    profile = replay.profile_for("resnet50", shapes, None, costs, specs)
+    for spec, seconds in zip(specs, (0.023, 0.0034)):
+        cost = profile.codec_costs[spec.label]
+        assert cost.fixed_s == 0.0 and cost.calibrated
+        assert cost.per_element_s * codec_work(spec, shapes, 1) == pytest.approx(seconds)
+
+
+def test_a_gpu_check_without_the_model_is_an_error_naming_the_option():
+    doc = gpu_check_doc()
+    with pytest.raises(ValueError, match="^--gpu-check: .*bert-base"):
+        replay.measured_costs("bert-base", doc)
+    doc["steps"] = [r for r in doc["steps"] if r["compressor"] != "none"]
+    with pytest.raises(ValueError, match="^--gpu-check: .*resnet50"):
+        replay.measured_costs("resnet50", doc)
