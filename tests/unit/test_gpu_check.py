@@ -47,3 +47,22 @@ def test_cuda_without_a_gpu_is_a_clear_cli_error(tmp_path: Path, capsys: pytest.
         gpu_check.main(["--device", "cuda", "--json-out", str(tmp_path / "x.json")])
     assert exit_info.value.code == 2
     assert "no CUDA device here" in capsys.readouterr().err
+
+
+def test_a_compressor_that_fails_is_recorded_and_the_others_rows_are_kept(tmp_path: Path, monkeypatch) -> None:
+    real = gpu_check.step_breakdown
+
+    def breaks_on_acpsgd(model_name, compressor, device, **kwargs):
+        if compressor == "acpsgd":
+            raise RuntimeError("injected: out of memory")
+        return real(model_name, compressor, device, **kwargs)
+
+    monkeypatch.setattr(gpu_check, "step_breakdown", breaks_on_acpsgd)
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--device", "cpu", "--models", "resnet50", "--compressors", "acpsgd", "none",
+                           "--batch", "2", "--image-size", "32", "--warmup", "1", "--steps", "1",
+                           "--codec-workloads", "--json-out", str(out)]) == 1
+    doc = json.loads(out.read_text())
+    assert [row["compressor"] for row in doc["steps"]] == ["none"]
+    assert doc["failed"] == [{"model": "resnet50", "compressor": "acpsgd", "error": "RuntimeError: injected: out of memory"}]
+    assert "FAILED: resnet50 with acpsgd" in out.with_suffix(".md").read_text()
