@@ -34,8 +34,12 @@ from benchmarks.compressor_cost import OUR_METHODS, measure_workloads, method_pa
 from benchmarks.repo import REPO_ROOT
 from compressors import GradientSync
 from compressors.base import from_spec
+from compressors.quality import ErrorMeter, estimate_errors
+from planning.costmodel import candidates
+from planning.policy import PolicyConfig
 from planning.protocol import ALL_PHASES
 from planning.spec import make_spec
+from workers.probe import synchronize
 
 #: The paper's settings per model: batch, input size, PowerSGD/ACP-SGD rank.
 STEP_MODELS: dict[str, dict[str, int]] = {
@@ -45,8 +49,14 @@ STEP_MODELS: dict[str, dict[str, int]] = {
 
 
 def step_breakdown(model_name: str, compressor: str, device: torch.device, *, batch: int, image_size: int,
-                   seq_len: int, rank: int, warmup: int, steps: int) -> dict[str, Any]:
-    """Mean seconds per phase of ``steps`` training steps after ``warmup``, one compressor."""
+                   seq_len: int, rank: int, warmup: int, steps: int, quality: bool = False) -> dict[str, Any]:
+    """Mean seconds per phase of ``steps`` training steps after ``warmup``, one compressor.
+
+    ``quality``: with the job's quality signal on, as an adaptive job runs it: the error
+    meter in the hook at every step (its worst case: a job measures only the cycle before
+    each decision exchange), and after the timed steps one estimate of every default
+    candidate's error on the sample a step hands it (``compressors.quality``), timed to the
+    device's completion."""
     from torch.nn.parallel import DistributedDataParallel
 
     from workers.data import build_dataset
@@ -60,6 +70,8 @@ def step_breakdown(model_name: str, compressor: str, device: torch.device, *, ba
     model = build_model(model_name, num_classes=default_num_classes(model_name), **shape_kwargs).to(device)
     ddp = DistributedDataParallel(model, bucket_cap_mb=25, device_ids=[device.index] if device.type == "cuda" else None)
     sync = GradientSync(from_spec(make_spec(compressor, **method_params(compressor, rank)))).install(ddp)
+    meter = ErrorMeter(total_elements=sync.trained_elements or None) if quality else None
+    sync.error_meter = meter
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     dataset = build_dataset("synthetic", model=model_name, seed=0, seq_len=seq_len, image_size=image_size)
     loader = InfiniteLoader(dataset, batch, 0, 1, 0)
@@ -71,9 +83,25 @@ def step_breakdown(model_name: str, compressor: str, device: torch.device, *, ba
         timer.end_step(step, sync.last_step())  # waits for the step's CUDA events
         walls.append(time.perf_counter() - started)
     means = timer.means()
-    return {"model": model_name, "compressor": sync.compressor.label, "batch": batch,
-            "step_s": statistics.fmean(walls[warmup:]), "phase_s": {phase: means[phase] for phase in ALL_PHASES},
-            "bytes_per_step": sync.stats().bytes_sent / sync.stats().steps if sync.stats().steps else 0.0}
+    row = {"model": model_name, "compressor": sync.compressor.label, "batch": batch,
+           "step_s": statistics.fmean(walls[warmup:]), "phase_s": {phase: means[phase] for phase in ALL_PHASES},
+           "bytes_per_step": sync.stats().bytes_sent / sync.stats().steps if sync.stats().steps else 0.0}
+    if meter is not None:
+        row["meter_s_per_step"] = meter.seconds / meter.steps if meter.steps else None
+        meter.request_sample()
+        train_step(ddp, optimizer, loader, timer, device)
+        timer.end_step(warmup + steps, sync.last_step())
+        sample = meter.take_sample()
+        cfg = PolicyConfig()
+        specs = candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)
+        synchronize(device)
+        started = time.perf_counter()
+        estimate_errors(sample, specs)
+        synchronize(device)
+        row["estimate_s"] = time.perf_counter() - started
+        row["estimate_sample_elements"] = sum(t.numel() for t in sample)
+        row["estimate_candidates"] = len(specs)
+    return row
 
 
 def device_name(device: torch.device) -> str:
@@ -99,6 +127,16 @@ def write_markdown(path: Path, doc: dict[str, Any]) -> None:
                      + " | ".join(f"{row['phase_s'][p] * 1e3:.1f}" for p in phases) + " |")
     lines += ["", "compress/decompress: the hook's host time per step (on a GPU, kernel launches; the kernels "
               "themselves are inside backward and exposed_comm).", ""]
+    if doc.get("quality"):
+        lines += ["", "## The quality signal (error meter at every step; one estimate of every default candidate)", "",
+                  "| model | compressor | step ms with the meter | meter ms/step (host) | estimate ms | sampled elements | candidates |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for row in doc["quality"]:
+            meter = row["meter_s_per_step"]
+            lines.append(f"| {row['model']} | {row['compressor']} | {row['step_s'] * 1e3:.1f} | "
+                         f"{'-' if meter is None else f'{meter * 1e3:.2f}'} | {row['estimate_s'] * 1e3:.1f} | "
+                         f"{row['estimate_sample_elements']} | {row['estimate_candidates']} |")
+        lines.append("")
     for failure in doc.get("failed", []):
         lines.append(f"- FAILED: {failure['model']} with {failure['compressor']}: {failure['error']}")
     path.write_text("\n".join(lines))
@@ -117,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--codec-workloads", nargs="*", default=list(STEP_MODELS), choices=list(STEP_MODELS),
                         help="workloads of the codec measurement (none: skip it)")
     parser.add_argument("--codec-steps", type=int, default=6, help="timed rounds of the codec measurement (even)")
+    parser.add_argument("--quality-models", nargs="*", default=list(STEP_MODELS), choices=list(STEP_MODELS),
+                        help="models whose steps run again with the quality signal on (none: skip it)")
     parser.add_argument("--json-out", type=Path, default=REPO_ROOT / "benchmarks/results/gpu_check.json")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -137,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json_out.write_text(json.dumps(doc, indent=2))
         write_markdown(args.json_out.with_suffix(".md"), doc)
 
-    doc["codecs"], doc["steps"], doc["failed"] = {}, [], []
+    doc["codecs"], doc["steps"], doc["quality"], doc["failed"] = {}, [], [], []
     with single_process_group(device):
         print(f"codecs on {doc['device_name']}", flush=True)
         doc["codecs"] = measure_workloads(args.codec_workloads, list(OUR_METHODS) + ["torch_powersgd"], 3,
@@ -161,6 +201,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 save()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+        for model_name in args.quality_models:
+            settings = dict(STEP_MODELS[model_name])
+            settings["batch"] = args.batch or settings["batch"]
+            settings["image_size"] = args.image_size or settings["image_size"]
+            for compressor in ("none", "acpsgd"):
+                try:
+                    row = step_breakdown(model_name, compressor, device, warmup=args.warmup, steps=args.steps,
+                                         quality=True, **settings)
+                except Exception as exc:  # noqa: BLE001 -- as above
+                    doc["failed"].append({"model": model_name, "compressor": f"{compressor} with the quality signal",
+                                          "error": f"{type(exc).__name__}: {exc}"})
+                    print(f"  {model_name:9s} {compressor:12s} quality FAILED: {exc}", flush=True)
+                else:
+                    doc["quality"].append(row)
+                    print(f"  {model_name:9s} {row['compressor']:12s} {row['step_s'] * 1e3:8.1f} ms/step with the meter, "
+                          f"estimate {row['estimate_s'] * 1e3:.1f} ms", flush=True)
+                save()
     print(f"wrote {args.json_out} ({doc['wall_s']:.0f} s)")
     return 1 if doc["failed"] else 0
 

@@ -23,9 +23,9 @@ def test_a_cpu_run_times_every_phase_and_sends_each_compressors_bytes(tmp_path: 
     out = tmp_path / "gpu_check.json"
     assert gpu_check.main(["--device", "cpu", "--models", "resnet50", "--compressors", "none", "acpsgd",
                            "--batch", "2", "--image-size", "32", "--warmup", "1", "--steps", "1",
-                           "--codec-workloads", "--json-out", str(out)]) == 0
+                           "--codec-workloads", "--quality-models", "--json-out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["device_name"].startswith("CPU")
+    assert doc["device_name"].startswith("CPU") and doc["quality"] == []
     assert [row["compressor"] for row in doc["steps"]] == ["none", "acpsgd-r4"]
     shapes = parameter_shapes("resnet50", num_classes=default_num_classes("resnet50"), image_size=32)
     for row, spec in zip(doc["steps"], (make_spec("none"), make_spec("acpsgd", rank=4))):
@@ -61,8 +61,26 @@ def test_a_compressor_that_fails_is_recorded_and_the_others_rows_are_kept(tmp_pa
     out = tmp_path / "gpu_check.json"
     assert gpu_check.main(["--device", "cpu", "--models", "resnet50", "--compressors", "acpsgd", "none",
                            "--batch", "2", "--image-size", "32", "--warmup", "1", "--steps", "1",
-                           "--codec-workloads", "--json-out", str(out)]) == 1
+                           "--codec-workloads", "--quality-models", "--json-out", str(out)]) == 1
     doc = json.loads(out.read_text())
     assert [row["compressor"] for row in doc["steps"]] == ["none"]
     assert doc["failed"] == [{"model": "resnet50", "compressor": "acpsgd", "error": "RuntimeError: injected: out of memory"}]
     assert "FAILED: resnet50 with acpsgd" in out.with_suffix(".md").read_text()
+
+
+def test_the_quality_signal_runs_in_the_step_and_one_estimate_covers_every_default_candidate(tmp_path: Path) -> None:
+    from planning.costmodel import candidates
+    from planning.policy import PolicyConfig
+
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--device", "cpu", "--models", "resnet50", "--compressors", "none",
+                           "--batch", "2", "--image-size", "32", "--warmup", "1", "--steps", "2",
+                           "--codec-workloads", "--quality-models", "resnet50", "--json-out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [row["compressor"] for row in doc["quality"]] == ["none", "acpsgd-r4"]
+    cfg = PolicyConfig()
+    for row in doc["quality"]:
+        assert row["meter_s_per_step"] > 0 and row["estimate_s"] > 0
+        assert 0 < row["estimate_sample_elements"] <= 1_000_000  # the meter's sample, largest matrices first
+        assert row["estimate_candidates"] == len(candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios))
+    assert "| resnet50 | acpsgd-r4 |" in out.with_suffix(".md").read_text().split("quality signal")[1]
