@@ -6,8 +6,10 @@ how long it takes to a target compared with every fixed choice, for 8-64 GPUs on
 changes (25 Gbit/s with stretches at 1 Gbit/s). Here the SAME policy code
 (``planning.policy.decide``, default bounds, default hysteresis: 10 % gain, 30 s dwell, a
 report every 2 s) is driven by the validated cost model of :mod:`benchmarks.simulate`
-(assumed V100-class compute with CPU-measured backward shape, GPU codec from
-``compressor_cost.json``; see that module's ASSUMED list) through a bandwidth trace.
+through a bandwidth trace: by default on its assumed V100-class compute (with the
+CPU-measured backward shape) and GPU codec from ``compressor_cost.json`` ÷ an assumed speed-up
+(that module's ASSUMED list); with ``--gpu-check FILE`` on the compute and codec that
+``benchmarks.gpu_check`` measured on a GPU, the casts fp16/bf16 then among the candidates.
 
 Progress uses the policy's own model (``planning.progress``): a step with relative error ε
 is worth ``δ = 1 − ε²`` of an uncompressed step. The errors are measured, not assumed: one
@@ -155,21 +157,61 @@ class StepCosts:
 def assumed_costs(model: str, cost_json: Mapping[str, Any] | None) -> StepCosts:
     gpu = GPU_COMPUTE[model]
     return StepCosts(gpu["forward_s"], gpu["backward_s"], gpu["optimizer_s"], int(gpu["rank"]), cost_json,
-                     GPU_CODEC_SPEEDUP, GPU_CODEC_FIXED_S, "assumed V100-class compute, CPU codec ÷ 30")
+                     GPU_CODEC_SPEEDUP, GPU_CODEC_FIXED_S,
+                     f"assumed V100-class compute, CPU codec ÷ {GPU_CODEC_SPEEDUP:g}")
 
 
-def measured_costs(model: str, gpu_check: Mapping[str, Any]) -> StepCosts:
+def measured_costs(model: str, gpu_check: Any) -> StepCosts:
     """Compute and codec as ``benchmarks.gpu_check`` measured them on one GPU: forward,
     backward (less its exposed wait on the one-process all-reduce) and optimizer of the
     uncompressed step at the paper's batch; every codec's encode+decode on the paper's shapes
     at the paper's ranks (``benchmarks.compressor_cost.WORKLOADS``, the same as
-    :data:`GPU_COMPUTE`'s). A ValueError naming the file's missing part."""
-    rows = [r for r in gpu_check.get("steps", []) if r.get("model") == model and r.get("compressor") == "none"]
-    if not rows or model not in gpu_check.get("codecs", {}):
-        raise ValueError(f"--gpu-check: no uncompressed step or codec measurement of {model} in the file")
-    phases = rows[0]["phase_s"]
+    :data:`GPU_COMPUTE`'s; a test holds them together). A ValueError saying what the file
+    lacks, or that its step was not measured at the paper's batch."""
+    if not isinstance(gpu_check, Mapping):
+        raise ValueError("not a GPU check's JSON object")
+    rows = [r for r in gpu_check.get("steps") or [] if isinstance(r, Mapping)
+            and r.get("model") == model and r.get("compressor") == "none"]
+    codecs = gpu_check.get("codecs")
+    if not rows or not isinstance(codecs, Mapping) or not isinstance(codecs.get(model), Mapping):
+        raise ValueError(f"no uncompressed step or codec measurement of {model}")
+    row = rows[0]
+    if row.get("batch") != GPU_COMPUTE[model]["batch"]:
+        raise ValueError(f"{model}'s step ran at batch {row.get('batch')!r}, not the paper's "
+                         f"{GPU_COMPUTE[model]['batch']:.0f} (a smoke run?)")
+    phases = row.get("phase_s")
+    needed = ("forward", "backward", "exposed_comm", "optimizer")
+    if not isinstance(phases, Mapping) or not all(isinstance(phases.get(k), (int, float)) for k in needed):
+        raise ValueError(f"{model}'s step lacks one of the phases {', '.join(needed)}")
     return StepCosts(phases["forward"], max(0.0, phases["backward"] - phases["exposed_comm"]), phases["optimizer"],
-                     int(GPU_COMPUTE[model]["rank"]), gpu_check["codecs"], 1.0, 0.0, f"measured on {gpu_check.get('device_name', 'a GPU')}")
+                     int(GPU_COMPUTE[model]["rank"]), codecs, 1.0, 0.0,
+                     f"measured on {gpu_check.get('device_name', 'a GPU')}")
+
+
+def load_gpu_check(path: Path, models: Sequence[str]) -> dict[str, StepCosts]:
+    """Every model's :func:`measured_costs` from a GPU check's file, checked before any work;
+    a ValueError starting ``--gpu-check: PATH:``."""
+    try:
+        doc = json.loads(path.read_text())
+        return {model: measured_costs(model, doc) for model in models}
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"--gpu-check: {path}: {exc}") from exc
+
+
+def load_errors(path: Path, models: Sequence[str], labels: Sequence[str]) -> dict[str, dict[str, float]]:
+    """The measured errors of each of ``models`` that an earlier replay's file holds (a model it
+    lacks is measured again), each covering ``labels``; a ValueError starting
+    ``--errors-from: PATH:`` (a file written without ``--gpu-check`` has no errors for the casts)."""
+    try:
+        found = json.loads(path.read_text())["models"]
+        errors = {model: dict(found[model]["errors"]) for model in models if model in found}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--errors-from: {path}: not an earlier replay's file ({exc!r})") from exc
+    for model, by_label in errors.items():
+        missing = sorted(set(labels) - set(by_label))
+        if missing:
+            raise ValueError(f"--errors-from: {path}: no errors of {', '.join(missing)} for {model}")
+    return errors
 
 
 def profile_for(model: str, shapes: Sequence[Sequence[int]], ready: Sequence[float] | None,
@@ -260,15 +302,22 @@ class Replay:
         return steps
 
 
-def replay(args: argparse.Namespace) -> dict[str, Any]:
-    """Every fixed choice, the policy and the clairvoyant bound, per trace, model and worker count."""
+def replay_config(measured: Mapping[str, StepCosts] | None) -> PolicyConfig:
+    """The policy's default bounds over the compressors whose GPU codec cost is known."""
+    return PolicyConfig(allowed=ALLOWED if measured is None else ALLOWED_MEASURED)
+
+
+def replay(args: argparse.Namespace, measured: Mapping[str, StepCosts] | None = None,
+           earlier_errors: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+    """Every fixed choice, the policy and the clairvoyant bound, per trace, model and worker
+    count; ``measured``: :func:`load_gpu_check`'s costs (else the assumed ones),
+    ``earlier_errors``: :func:`load_errors`'s (else measured here)."""
     from workers.models import parameter_shapes
 
     paper = json.loads(args.paper_json.read_text()) if args.paper_json.exists() else {}
     cost = json.loads(args.cost_json.read_text()) if args.cost_json.exists() else None
-    gpu_check = json.loads(args.gpu_check.read_text()) if args.gpu_check else None
     traces = {text: parse_trace(text) for text in args.trace or [DEFAULT_TRACE]}
-    cfg = PolicyConfig(allowed=ALLOWED if gpu_check is None else ALLOWED_MEASURED)
+    cfg = replay_config(measured)
     specs = candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)
     out: dict[str, Any] = {"traces": list(traces), "running_over_estimate": args.running_over_estimate,
                            "running_exponent": args.running_exponent, "models": {},
@@ -278,11 +327,11 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         shapes = [tuple(s) for s in parameter_shapes(model)]
         calib = (paper.get("calibration") or {}).get(f"{model}/2") or {}
         same = [tuple(s) for s in paper.get("workloads", {}).get(model, {}).get("shapes", [])] == shapes
-        costs = assumed_costs(model, cost) if gpu_check is None else measured_costs(model, gpu_check)
+        costs = assumed_costs(model, cost) if measured is None else measured[model]
         profile = profile_for(model, shapes, calib.get("ready_s") if same else None, costs, specs)
         started = time.monotonic()
-        earlier = json.loads(args.errors_from.read_text())["models"].get(model) if args.errors_from else None
-        errors = earlier["errors"] if earlier else measured_errors(model, specs, ERROR_BATCH.get(model, 8))
+        earlier = (earlier_errors or {}).get(model)
+        errors = dict(earlier) if earlier else measured_errors(model, specs, ERROR_BATCH.get(model, 8))
         running = running_errors(errors, args.running_over_estimate, args.running_exponent)
         out["models"][model] = {"errors": errors, "error_batch": ERROR_BATCH.get(model, 8), "costs": costs.source,
                                 "compute_s": {"forward": round(costs.forward_s, 4), "backward": round(costs.backward_s, 4),
@@ -364,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.adaptive_replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", action="append", default=None, metavar="GBIT:SECONDS,...",
                         help=f"a bandwidth trace; repeat for several (default {DEFAULT_TRACE})")
-    parser.add_argument("--models", nargs="+", default=list(GPU_COMPUTE))
+    parser.add_argument("--models", nargs="+", default=list(GPU_COMPUTE), choices=list(GPU_COMPUTE))
     parser.add_argument("--workers", nargs="+", type=int, default=[8, 32, 64])
     parser.add_argument("--running-over-estimate", type=float, default=None,
                         help="running error / estimated error (default: measured by --from-benchmark, else 1)")
@@ -393,12 +442,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.running_over_estimate = ratio_from_benchmark(args.from_benchmark) or 1.0
     if not args.running_over_estimate >= 1 or not math.isfinite(args.running_over_estimate):
         parser.error(f"--running-over-estimate: must be a finite number >= 1, got {args.running_over_estimate}")
-    if args.gpu_check is not None and not args.gpu_check.is_file():
-        parser.error(f"--gpu-check: no such file {args.gpu_check}")
-    try:
-        doc = replay(args)
+    try:  # every input file checked before any work
+        measured = load_gpu_check(args.gpu_check, args.models) if args.gpu_check is not None else None
+        cfg = replay_config(measured)
+        labels = [s.label for s in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
+        earlier = load_errors(args.errors_from, args.models, labels) if args.errors_from is not None else None
     except ValueError as exc:
         parser.error(str(exc))
+    doc = replay(args, measured, earlier)
     table = markdown(doc)
     print(table)
     write_json_and_table(args.json_out, doc, table)

@@ -11,6 +11,12 @@ the codec kernels on the device and how a step's time splits between the phases 
    trained on the GPU by the worker's own step (``workers.loop.train_step``) with each
    compressor's DDP hook (world size 1: the collectives are local, so the codec and the
    bucket hand-offs are what differs), phases timed with CUDA events (``workers.timing``).
+3. ``quality``: the same step with the job's quality signal on (the error meter in the hook
+   at every step, then one estimate of every default candidate's error on the sample it takes,
+   ``compressors.quality``), for ``none`` and ACP-SGD: what the signal costs on the device.
+
+A compressor that fails is recorded (``failed``, with its traceback) and the run goes on; the
+file is rewritten after every row, so a run cut short keeps what it measured.
 
     python -m benchmarks.gpu_check --json-out benchmarks/results/gpu_check.json
 
@@ -22,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -42,6 +50,10 @@ from planning.spec import make_spec
 from workers.probe import synchronize
 
 #: The paper's settings per model: batch, input size, PowerSGD/ACP-SGD rank.
+#: The compressors whose step runs again with the quality signal on: one without error
+#: feedback and ACP-SGD, whose meter reads its residuals too.
+QUALITY_COMPRESSORS = ("none", "acpsgd")
+
 STEP_MODELS: dict[str, dict[str, int]] = {
     "resnet50": {"batch": 64, "image_size": 224, "seq_len": 64, "rank": 4},
     "bert-base": {"batch": 32, "image_size": 32, "seq_len": 64, "rank": 32},
@@ -77,7 +89,10 @@ def step_breakdown(model_name: str, compressor: str, device: torch.device, *, ba
     loader = InfiniteLoader(dataset, batch, 0, 1, 0)
     timer = StepTimer(device, window=steps)
     walls = []
+    meter_before = (0.0, 0)  # the meter's seconds and steps at the end of the warm-up
     for step in range(warmup + steps):
+        if meter is not None and step == warmup:
+            meter_before = (meter.seconds, meter.steps)
         started = time.perf_counter()
         train_step(ddp, optimizer, loader, timer, device)
         timer.end_step(step, sync.last_step())  # waits for the step's CUDA events
@@ -87,7 +102,8 @@ def step_breakdown(model_name: str, compressor: str, device: torch.device, *, ba
            "step_s": statistics.fmean(walls[warmup:]), "phase_s": {phase: means[phase] for phase in ALL_PHASES},
            "bytes_per_step": sync.stats().bytes_sent / sync.stats().steps if sync.stats().steps else 0.0}
     if meter is not None:
-        row["meter_s_per_step"] = meter.seconds / meter.steps if meter.steps else None
+        timed = meter.steps - meter_before[1]
+        row["meter_s_per_step"] = (meter.seconds - meter_before[0]) / timed if timed else None
         meter.request_sample()
         train_step(ddp, optimizer, loader, timer, device)
         timer.end_step(warmup + steps, sync.last_step())
@@ -156,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="workloads of the codec measurement (none: skip it)")
     parser.add_argument("--codec-steps", type=int, default=6, help="timed rounds of the codec measurement (even)")
     parser.add_argument("--quality-models", nargs="*", default=list(STEP_MODELS), choices=list(STEP_MODELS),
-                        help="models whose steps run again with the quality signal on (none: skip it)")
+                        help="models whose steps run again with the quality signal on, with "
+                             f"{' and '.join(QUALITY_COMPRESSORS)} whatever --compressors says (none: skip it)")
     parser.add_argument("--json-out", type=Path, default=REPO_ROOT / "benchmarks/results/gpu_check.json")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -171,11 +188,43 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "command": "python -m benchmarks.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:])}
     def save() -> None:
         """Write what is measured so far: a run cut short (the device's time is lent by the
-        minute) keeps every row it finished."""
+        minute) keeps every row it finished. Through a temporary file, so a kill mid-write
+        leaves the last whole file."""
         doc["wall_s"] = time.monotonic() - started
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(doc, indent=2))
-        write_markdown(args.json_out.with_suffix(".md"), doc)
+        for path, text in ((args.json_out, json.dumps(doc, indent=2)), (args.json_out.with_suffix(".md"), None)):
+            partial = path.with_name(path.name + ".partial")
+            if text is None:
+                write_markdown(partial, doc)
+            else:
+                partial.write_text(text)
+            os.replace(partial, path)
+
+    def rows(models: Sequence[str], compressors: Sequence[str], quality: bool) -> None:
+        """Each (model, compressor)'s step into ``doc`` (``quality``: with the quality signal
+        on, into its own table); one that fails is recorded with its traceback and the others
+        go on."""
+        table, what = ("quality", " with the quality signal") if quality else ("steps", "")
+        for model_name in models:
+            settings = dict(STEP_MODELS[model_name])
+            settings["batch"] = args.batch or settings["batch"]
+            settings["image_size"] = args.image_size or settings["image_size"]
+            for compressor in compressors:
+                try:
+                    row = step_breakdown(model_name, compressor, device, warmup=args.warmup, steps=args.steps,
+                                         quality=quality, **settings)
+                except Exception as exc:  # noqa: BLE001 -- one failing compressor must not lose the others' rows
+                    doc["failed"].append({"model": model_name, "compressor": compressor + what,
+                                          "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+                    print(f"  {model_name:9s} {compressor:12s} FAILED{what}: {type(exc).__name__}: {exc}", flush=True)
+                else:
+                    doc[table].append(row)
+                    extra = f", estimate {row['estimate_s'] * 1e3:.1f} ms" if quality else ""
+                    print(f"  {model_name:9s} {row['compressor']:12s} {row['step_s'] * 1e3:8.1f} ms/step{what}{extra}",
+                          flush=True)
+                save()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
 
     doc["codecs"], doc["steps"], doc["quality"], doc["failed"] = {}, [], [], []
     with single_process_group(device):
@@ -183,41 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["codecs"] = measure_workloads(args.codec_workloads, list(OUR_METHODS) + ["torch_powersgd"], 3,
                                           args.codec_steps, device)
         save()
-        for model_name in args.models:
-            settings = dict(STEP_MODELS[model_name])
-            settings["batch"] = args.batch or settings["batch"]
-            settings["image_size"] = args.image_size or settings["image_size"]
-            for compressor in args.compressors:
-                try:
-                    row = step_breakdown(model_name, compressor, device, warmup=args.warmup, steps=args.steps,
-                                         **settings)
-                except Exception as exc:  # noqa: BLE001 -- one failing compressor must not lose the others' rows
-                    doc["failed"].append({"model": model_name, "compressor": compressor,
-                                          "error": f"{type(exc).__name__}: {exc}"})
-                    print(f"  {model_name:9s} {compressor:12s} FAILED: {type(exc).__name__}: {exc}", flush=True)
-                else:
-                    doc["steps"].append(row)
-                    print(f"  {model_name:9s} {row['compressor']:12s} {row['step_s'] * 1e3:8.1f} ms/step", flush=True)
-                save()
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-        for model_name in args.quality_models:
-            settings = dict(STEP_MODELS[model_name])
-            settings["batch"] = args.batch or settings["batch"]
-            settings["image_size"] = args.image_size or settings["image_size"]
-            for compressor in ("none", "acpsgd"):
-                try:
-                    row = step_breakdown(model_name, compressor, device, warmup=args.warmup, steps=args.steps,
-                                         quality=True, **settings)
-                except Exception as exc:  # noqa: BLE001 -- as above
-                    doc["failed"].append({"model": model_name, "compressor": f"{compressor} with the quality signal",
-                                          "error": f"{type(exc).__name__}: {exc}"})
-                    print(f"  {model_name:9s} {compressor:12s} quality FAILED: {exc}", flush=True)
-                else:
-                    doc["quality"].append(row)
-                    print(f"  {model_name:9s} {row['compressor']:12s} {row['step_s'] * 1e3:8.1f} ms/step with the meter, "
-                          f"estimate {row['estimate_s'] * 1e3:.1f} ms", flush=True)
-                save()
+        rows(args.models, args.compressors, quality=False)
+        rows(args.quality_models, QUALITY_COMPRESSORS, quality=True)
     print(f"wrote {args.json_out} ({doc['wall_s']:.0f} s)")
     return 1 if doc["failed"] else 0
 

@@ -110,6 +110,7 @@ class ErrorMeter:
         #: step or a step not measured): what :func:`group_error` pools.
         self.cycle = MeasuredCycle()
         self._indices: dict[tuple[str, int], torch.Tensor] = {}
+        self._device_indices: dict[tuple[str, int, torch.device], torch.Tensor] = {}
         #: Steps until the next exchange reads the meter (:meth:`measure_before`); None:
         #: measure every step.
         self._until_exchange: int | None = None
@@ -211,7 +212,7 @@ class ErrorMeter:
                           lost: torch.Tensor | None, lost_in_residual: bool) -> None:
         """Keep x = g + e_old, x − C(x) and g at ``key``'s coordinates (x − C(x) from the
         residual at :meth:`step_done` when the compressor leaves it there)."""
-        where = self._coordinates(key, grad.numel())
+        where = self._coordinates_on(key, grad.numel(), grad.device)
         g_at = grad[where].double()
         x_at = g_at.clone()
         if residual is not None and residual.numel() == grad.numel():
@@ -241,6 +242,16 @@ class ErrorMeter:
             count = max(1, min(numel, round(self.coordinates * share)))
             generator = torch.Generator().manual_seed(zlib.crc32(key.encode()))
             found = self._indices[(key, numel)] = torch.randint(numel, (count,), generator=generator)
+        return found
+
+    def _coordinates_on(self, key: str, numel: int, device: torch.device) -> torch.Tensor:
+        """:meth:`_coordinates` on ``device``, copied there once. Why: indexing a GPU tensor
+        with a host index copies the index to the device, and the host waits for that copy,
+        once per tensor and step; the H200 run measured the meter at 26-37 ms of host time per
+        measured step (README, "GPU figures"), before this cache (not measured since)."""
+        found = self._device_indices.get((key, numel, device))
+        if found is None:
+            found = self._device_indices[(key, numel, device)] = self._coordinates(key, numel).to(device)
         return found
 
     def _gather_coordinates(self, sums: _StepSums, compressor: Compressor) -> torch.Tensor | None:

@@ -58,7 +58,7 @@ MIN_TIMED_STEPS = 5
 #: levels of the link its steps met (``planning.policy._fold_step_residual`` says why).
 LINK_SENSITIVE = 0.10
 
-#: Nor when it lies further than this share of the prediction from it.
+#: Nor a measured mean further from the prediction than this share of the prediction.
 MAX_RESIDUAL = 0.5
 
 

@@ -48,7 +48,7 @@ def method_spec(method: str, rank: int = 4, ratio: float = TOPK_RATIO) -> Compre
         return make_spec("powersgd", rank=rank)
     if method == "acpsgd":
         return make_spec("acpsgd", rank=rank)
-    raise ValueError(f"method: unknown {method!r}; choose one of {', '.join(METHODS)}")
+    raise ValueError(f"method: unknown {method!r}; choose one of {', '.join(METHODS + ('fp16', 'bf16'))}")
 
 
 def layout_for(shapes: Sequence[Sequence[int]], bucket_cap_mb: float, *, ddp_default: bool = False) -> tuple[tuple[int, ...], ...]:

@@ -84,8 +84,8 @@ def gpu_check_doc() -> dict:
     codecs = {"resnet50": {"none": {"encode_decode_s": 0.0035}, "fp16": {"encode_decode_s": 0.0034},
                            "acpsgd": {"encode_decode_s": 0.023}}}
     return {"device_name": "NVIDIA H200", "codecs": codecs,
-            "steps": [{"model": "resnet50", "compressor": "none", "phase_s": phases},
-                      {"model": "resnet50", "compressor": "fp16", "phase_s": {**phases, "forward": 1.0}}]}
+            "steps": [{"model": "resnet50", "compressor": "none", "batch": 64, "phase_s": phases},
+                      {"model": "resnet50", "compressor": "fp16", "batch": 64, "phase_s": {**phases, "forward": 1.0}}]}
 
 
 def test_measured_costs_take_the_uncompressed_steps_compute_and_the_gpus_own_codec_times():
@@ -107,10 +107,44 @@ def test_measured_costs_take_the_uncompressed_steps_compute_and_the_gpus_own_cod
         assert cost.per_element_s * codec_work(spec, shapes, 1) == pytest.approx(seconds)
 
 
-def test_a_gpu_check_without_the_model_is_an_error_naming_the_option():
-    doc = gpu_check_doc()
-    with pytest.raises(ValueError, match="^--gpu-check: .*bert-base"):
-        replay.measured_costs("bert-base", doc)
-    doc["steps"] = [r for r in doc["steps"] if r["compressor"] != "none"]
-    with pytest.raises(ValueError, match="^--gpu-check: .*resnet50"):
-        replay.measured_costs("resnet50", doc)
+def test_a_gpu_check_file_that_cannot_serve_is_an_error_naming_the_option_and_file(tmp_path):
+    import json
+
+    path = tmp_path / "gpu_check.json"
+    for content, says in ((json.dumps(gpu_check_doc()), "bert-base"),  # no measurement of the model
+                          ("{not json", "Expecting property name"),
+                          ("[1, 2]", "not a GPU check"),
+                          (json.dumps({**gpu_check_doc(), "steps": [{"model": "resnet50", "compressor": "none",
+                                                                     "batch": 2, "phase_s": {}}]}), "batch 2"),
+                          (json.dumps({**gpu_check_doc(), "steps": [{"model": "resnet50", "compressor": "none",
+                                                                     "batch": 64, "phase_s": {"forward": 0.1}}]}),
+                           "lacks one of the phases")):
+        path.write_text(content)
+        with pytest.raises(ValueError, match=f"^--gpu-check: {path}: .*{says}"):
+            replay.load_gpu_check(path, ["resnet50", "bert-base"])
+    with pytest.raises(ValueError, match="^--gpu-check: .*missing.json"):
+        replay.load_gpu_check(tmp_path / "missing.json", ["resnet50"])
+
+
+def test_the_cli_refuses_bad_files_before_any_work_with_a_message(tmp_path, capsys):
+    import json
+
+    with pytest.raises(SystemExit) as exit_info:
+        replay.main(["--gpu-check", str(tmp_path / "missing.json"), "--models", "resnet50"])
+    assert exit_info.value.code == 2 and "--gpu-check" in capsys.readouterr().err
+    # An earlier replay without --gpu-check has no errors for the casts the measured costs add.
+    gpu = tmp_path / "gpu_check.json"
+    gpu.write_text(json.dumps(gpu_check_doc()))
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"models": {"resnet50": {"errors": errors()}}}))
+    with pytest.raises(SystemExit) as exit_info:
+        replay.main(["--gpu-check", str(gpu), "--models", "resnet50", "--errors-from", str(earlier)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--errors-from" in err and "fp16" in err
+
+
+def test_the_ranks_the_costs_are_applied_at_are_those_the_codecs_were_measured_at():
+    from benchmarks.compressor_cost import WORKLOADS
+
+    assert {model: rank for model, (_, rank) in WORKLOADS.items()} == {
+        model: int(settings["rank"]) for model, settings in replay.GPU_COMPUTE.items()}

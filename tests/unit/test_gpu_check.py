@@ -64,7 +64,11 @@ def test_a_compressor_that_fails_is_recorded_and_the_others_rows_are_kept(tmp_pa
                            "--codec-workloads", "--quality-models", "--json-out", str(out)]) == 1
     doc = json.loads(out.read_text())
     assert [row["compressor"] for row in doc["steps"]] == ["none"]
-    assert doc["failed"] == [{"model": "resnet50", "compressor": "acpsgd", "error": "RuntimeError: injected: out of memory"}]
+    [failure] = doc["failed"]
+    assert (failure["model"], failure["compressor"], failure["error"]) == (
+        "resnet50", "acpsgd", "RuntimeError: injected: out of memory")
+    assert "in breaks_on_acpsgd" in failure["traceback"]  # where it failed, for a run nobody watched
+    assert not list(tmp_path.glob("*.partial"))  # each save replaced the file whole
     assert "FAILED: resnet50 with acpsgd" in out.with_suffix(".md").read_text()
 
 
