@@ -60,7 +60,7 @@ from benchmarks.simulate import (
     layout_for,
     ready_fractions,
 )
-from planning.costmodel import Link, StepProfile, candidates, predict_step
+from planning.costmodel import Link, StepProfile, predict_step
 from planning.policy import Measurements, PolicyConfig, PolicyState, Switch, decide
 from planning.progress import contraction, rank_of
 from planning.spec import CompressorSpec, make_spec
@@ -318,7 +318,7 @@ def replay(args: argparse.Namespace, measured: Mapping[str, StepCosts] | None = 
     cost = json.loads(args.cost_json.read_text()) if args.cost_json.exists() else None
     traces = {text: parse_trace(text) for text in args.trace or [DEFAULT_TRACE]}
     cfg = replay_config(measured)
-    specs = candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)
+    specs = cfg.candidates()
     out: dict[str, Any] = {"traces": list(traces), "running_over_estimate": args.running_over_estimate,
                            "running_exponent": args.running_exponent, "models": {},
                            "gpu_check": str(args.gpu_check) if args.gpu_check else None,
@@ -445,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # every input file checked before any work
         measured = load_gpu_check(args.gpu_check, args.models) if args.gpu_check is not None else None
         cfg = replay_config(measured)
-        labels = [s.label for s in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
+        labels = [s.label for s in cfg.candidates()]
         earlier = load_errors(args.errors_from, args.models, labels) if args.errors_from is not None else None
     except ValueError as exc:
         parser.error(str(exc))

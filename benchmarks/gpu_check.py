@@ -43,7 +43,6 @@ from benchmarks.repo import REPO_ROOT
 from compressors import GradientSync
 from compressors.base import from_spec
 from compressors.quality import ErrorMeter, estimate_errors
-from planning.costmodel import candidates
 from planning.policy import PolicyConfig
 from planning.protocol import ALL_PHASES
 from planning.spec import make_spec
@@ -109,7 +108,7 @@ def step_breakdown(model_name: str, compressor: str, device: torch.device, *, ba
         timer.end_step(warmup + steps, sync.last_step())
         sample = meter.take_sample()
         cfg = PolicyConfig()
-        specs = candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)
+        specs = cfg.candidates()
         synchronize(device)
         started = time.perf_counter()
         estimate_errors(sample, specs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from planning import registry
-from planning.costmodel import alpha_beta_from_bandwidth, candidates, predict_step
+from planning.costmodel import alpha_beta_from_bandwidth, predict_step
 from planning.policy import Measurements, PolicyConfig, adopt_settings, alpha_of, guard_failure
 from planning.progress import seconds_per_progress
 
@@ -40,7 +40,7 @@ def estimates_can_matter(m: Measurements, cfg: PolicyConfig) -> bool:
     link = alpha_beta_from_bandwidth(m.bandwidth_bytes_per_second, alpha_of(m.latency_s, m.world_size))._replace(
         wake_s=m.wake_s)
     current_tau = seconds_per_progress(predict_step(m.current, m.profile, m.world_size, link).step_s, known)
-    for spec in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios):
+    for spec in cfg.candidates():
         if registry.codec(spec.name).known_error is not None or guard_failure(spec, cfg, False) is not None:
             continue
         step_s = predict_step(adopt_settings(spec, m.current), m.profile, m.world_size, link).step_s

@@ -167,6 +167,10 @@ class PolicyConfig:
         """How far back level shifts count towards an oscillating link (step 4)."""
         return self.oscillation_window_dwells * self.min_dwell_s
 
+    def candidates(self) -> tuple[CompressorSpec, ...]:
+        """Every candidate within these bounds (``planning.costmodel.candidates``)."""
+        return candidates(self.allowed, self.min_rank, self.max_rank, self.topk_ratios)
+
     @property
     def critical_min_rank(self) -> int:
         """The lowest rank allowed in a critical regime."""
@@ -516,7 +520,7 @@ def decide(
                                     measured=record_running(state.measured, *m.running_efficiency))
     m = dataclasses.replace(m, errors=calibrated_errors(m.errors, state.measured))
 
-    pool = [adopt_settings(c, m.current) for c in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)]
+    pool = [adopt_settings(c, m.current) for c in cfg.candidates()]
     state = _fold_step_residual(state, m, pool)
     m = dataclasses.replace(m, step_corrections=state.corrections)
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)

@@ -28,7 +28,6 @@ from compressors import GradientSync
 from compressors.quality import ErrorMeter, estimate_errors, group_error
 from planning.config import TrainConfig
 from planning.controller import policy_config
-from planning.costmodel import candidates
 from planning.spec import CompressorSpec
 from workers.probe_scheduler import ProbeScheduler
 
@@ -48,7 +47,7 @@ class QualitySignal:
         self.sync_every = cfg.compression.sync_every
         if cfg.compression.mode == "adaptive" and estimating:
             config = policy_config(cfg.compression)
-            self.candidates = candidates(config.allowed, config.min_rank, config.max_rank, config.topk_ratios)
+            self.candidates = config.candidates()
         self.scheduler = ProbeScheduler(probe_interval_s=cfg.probing.interval_s,
                                         max_cost_fraction=cfg.probing.budget * ESTIMATE_BUDGET_SHARE)
         self.estimates: dict[str, float] = {}

@@ -73,7 +73,6 @@ def test_a_compressor_that_fails_is_recorded_and_the_others_rows_are_kept(tmp_pa
 
 
 def test_the_quality_signal_runs_in_the_step_and_one_estimate_covers_every_default_candidate(tmp_path: Path) -> None:
-    from planning.costmodel import candidates
     from planning.policy import PolicyConfig
 
     out = tmp_path / "gpu_check.json"
@@ -86,5 +85,5 @@ def test_the_quality_signal_runs_in_the_step_and_one_estimate_covers_every_defau
     for row in doc["quality"]:
         assert row["meter_s_per_step"] > 0 and row["estimate_s"] > 0
         assert 0 < row["estimate_sample_elements"] <= 1_000_000  # the meter's sample, largest matrices first
-        assert row["estimate_candidates"] == len(candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios))
+        assert row["estimate_candidates"] == len(cfg.candidates())
     assert "| resnet50 | acpsgd-r4 |" in out.with_suffix(".md").read_text().split("quality signal")[1]

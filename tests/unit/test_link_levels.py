@@ -195,7 +195,7 @@ def seconds_per_progress_run(ran: list[tuple[CompressorSpec, float]]) -> float:
 def best_fixed_on_the_mix(from_step: int = 0) -> tuple[str, float]:
     """The fixed choice a user would have needed to know: least time per progress over the
     trace's steps from ``from_step`` (two thirds at 10 Gbit/s, one third at 50 Mbit/s)."""
-    options = candidates(DEFAULTS.allowed, DEFAULTS.min_rank, DEFAULTS.max_rank, DEFAULTS.topk_ratios)
+    options = DEFAULTS.candidates()
     costs = {s.label: seconds_per_progress_run([(s, oscillating(step)) for step in range(from_step, 1200, 10)])
              for s in options if s.label in ERRORS or s.name in ("none", "fp16", "bf16")}
     label = min(costs, key=costs.get)

@@ -47,7 +47,7 @@ def brute_force_best(bandwidth: float, errors: dict[str, float], cfg: PolicyConf
     """The candidate with the most progress per second, by the definition (no hysteresis)."""
     link = alpha_beta_from_bandwidth(bandwidth, LATENCY / (2 * (WORKERS - 1)))
     rate = {s.label: contraction(errors[s.label]) / predict_step(s, PROFILE, WORKERS, link).step_s
-            for s in candidates(cfg.allowed, cfg.min_rank, cfg.max_rank, cfg.topk_ratios)}
+            for s in cfg.candidates()}
     return max(rate, key=rate.get)
 
 
