@@ -48,11 +48,11 @@ from planning.protocol import ALL_PHASES
 from planning.spec import make_spec
 from workers.probe import synchronize
 
-#: The paper's settings per model: batch, input size, PowerSGD/ACP-SGD rank.
 #: The compressors whose step runs again with the quality signal on: one without error
 #: feedback and ACP-SGD, whose meter reads its residuals too.
 QUALITY_COMPRESSORS = ("none", "acpsgd")
 
+#: The paper's settings per model: batch, input size, PowerSGD/ACP-SGD rank.
 STEP_MODELS: dict[str, dict[str, int]] = {
     "resnet50": {"batch": 64, "image_size": 224, "seq_len": 64, "rank": 4},
     "bert-base": {"batch": 32, "image_size": 32, "seq_len": 64, "rank": 32},
