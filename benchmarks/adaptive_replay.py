@@ -51,6 +51,7 @@ from benchmarks.outputs import write_json_and_table
 from benchmarks.rate_pairs import parse_rate_pairs
 from benchmarks.repo import REPO_ROOT
 from benchmarks.simulate import (
+    CASTS,
     GPU_CODEC_FIXED_S,
     GPU_CODEC_SPEEDUP,
     GPU_COMPUTE,
@@ -71,7 +72,7 @@ DEFAULT_TRACE = "25:300,1:120,25:300,1:120,25:300"
 #: speed-up); the casts' cost is a memory pass whose CPU time says little about a GPU's.
 ALLOWED = ("none", "acpsgd", "powersgd", "topk", "signsgd")
 #: With a GPU check (``--gpu-check``) every codec is measured on the GPU, the casts too.
-ALLOWED_MEASURED = ALLOWED + ("fp16", "bf16")
+ALLOWED_MEASURED = ALLOWED + CASTS
 METHOD_OF = {"none": "ssgd", "fp16": "fp16", "bf16": "bf16", "acpsgd": "acpsgd", "powersgd": "powersgd",
              "topk": "topk", "signsgd": "signsgd"}
 REPORT_EVERY_S = 2.0

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ from typing import Any, Sequence
 import torch
 
 from benchmarks.compressor_cost import OUR_METHODS, measure_workloads, method_params, single_process_group
+from benchmarks.outputs import write_whole
 from benchmarks.repo import REPO_ROOT
 from compressors import GradientSync
 from compressors.base import from_spec
@@ -127,7 +127,8 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def write_markdown(path: Path, doc: dict[str, Any]) -> None:
+def markdown(doc: dict[str, Any]) -> str:
+    """The results as the markdown table the README quotes."""
     lines = [f"# GPU check on {doc['device_name']}", "", f"`{doc['command']}`", "",
              "## Encode+decode per step (median, timed to the device's completion)", "",
              "| workload | method | encode+decode ms | MB/step |", "|---|---|---:|---:|"]
@@ -154,7 +155,7 @@ def write_markdown(path: Path, doc: dict[str, Any]) -> None:
         lines.append("")
     for failure in doc.get("failed", []):
         lines.append(f"- FAILED: {failure['model']} with {failure['compressor']}: {failure['error']}")
-    path.write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -187,17 +188,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "command": "python -m benchmarks.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:])}
     def save() -> None:
         """Write what is measured so far: a run cut short (the device's time is lent by the
-        minute) keeps every row it finished. Through a temporary file, so a kill mid-write
-        leaves the last whole file."""
+        minute) keeps every row it finished, each file whole."""
         doc["wall_s"] = time.monotonic() - started
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        for path, text in ((args.json_out, json.dumps(doc, indent=2)), (args.json_out.with_suffix(".md"), None)):
-            partial = path.with_name(path.name + ".partial")
-            if text is None:
-                write_markdown(partial, doc)
-            else:
-                partial.write_text(text)
-            os.replace(partial, path)
+        write_whole(args.json_out, json.dumps(doc, indent=2))
+        write_whole(args.json_out.with_suffix(".md"), markdown(doc))
 
     def rows(models: Sequence[str], compressors: Sequence[str], quality: bool) -> None:
         """Each (model, compressor)'s step into ``doc`` (``quality``: with the quality signal

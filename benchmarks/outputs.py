@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -13,5 +14,13 @@ def write_json_and_table(json_out: Path | None, doc: dict[str, Any], table: str)
     if json_out is None:
         return
     json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(doc, indent=2) + "\n")
-    json_out.with_suffix(".md").write_text(table)
+    write_whole(json_out, json.dumps(doc, indent=2) + "\n")
+    write_whole(json_out.with_suffix(".md"), table)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it: a run killed mid-write
+    (a device lent by the minute, a Ctrl-C) leaves the last whole file, never half of one."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)

@@ -39,6 +39,7 @@ the names below are the package's public interface.
 """
 
 from benchmarks.simulate.model import (
+    CASTS,
     METHODS,
     TOPK_RATIO,
     Compute,
@@ -62,7 +63,7 @@ from benchmarks.simulate.scale import (
 from benchmarks.simulate.validate import codec_share_factor, links_by_setting, validate, validation_summary
 
 __all__ = [
-    "COST_NAMES", "GPU_CODEC_FIXED_S", "GPU_CODEC_SPEEDUP", "GPU_COMPUTE", "METHODS", "NETWORKS", "TOPK_RATIO", "Compute", "bucket_segments",
+    "CASTS", "COST_NAMES", "GPU_CODEC_FIXED_S", "GPU_CODEC_SPEEDUP", "GPU_COMPUTE", "METHODS", "NETWORKS", "TOPK_RATIO", "Compute", "bucket_segments",
     "codec_share_factor", "gpu_codec", "layout_for", "links_by_setting", "method_spec", "network_link", "predict",
     "ready_fractions", "scale_grid", "speedups", "validate", "validation_summary",
 ]
