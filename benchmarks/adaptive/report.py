@@ -61,18 +61,23 @@ def markdown(doc: dict[str, Any]) -> str:
                    else f"target held-out loss {scenario['target']:.4f}")
         how = ("; the row is the run at the median time to target, the ratio paired by seed, vs none the median "
                "over seeds" if by_seed else "")
+        if "ratio_interval" in v:
+            how += "; the interval: 5th-95th percentile of the ratio over runs drawn again with replacement"
         out += [f"**{name}** (`{scenario['schedule_text']}`; {targets}; best fixed: {v['best_fixed']}{how})", "",
-                "| run | time to target s | each run's | ratio to best fixed | total s | final held-out | vs none "
+                "| run | time to target s | each run's | ratio to best fixed (90 % interval) | total s | final held-out | vs none "
                 "| foreign cores | switches |",
                 "|---|---:|---|---:|---:|---:|---:|---:|---|"]
         for label, r in scenario["runs"].items():
             ttt = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
             ratio = v["ratio_to_best"][label]
+            shown = "-" if ratio is None else f"{ratio:.3f}"
+            if label in v.get("ratio_interval", {}):
+                shown += " ({}–{})".format(*("miss" if b is None else f"{b:.2f}" for b in v["ratio_interval"][label]))
             moves = ", ".join(f"{s['to']} @ {s['at_s']:.1f} s" for s in r["switches"]) or "-"
             each = ", ".join(("" if x.get("seed") is None else f"s{x['seed']} ")
                              + ("-" if x["time_to_target_s"] is None else f"{x['time_to_target_s']:.2f}")
                              for x in r.get("repeats", []))
-            out.append(f"| {label} | {ttt} | {each} | {'-' if ratio is None else f'{ratio:.3f}'} | {r['total_s']:.2f} | "
+            out.append(f"| {label} | {ttt} | {each} | {shown} | {r['total_s']:.2f} | "
                        f"{r['final_eval']:.4f} | {v['final_eval_vs_none'][label]:+.1%} | {r['foreign_cores']} | {moves} |")
         out.append("")
     worst = doc["verdict"]["worst_ratio_to_best_fixed"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import random
 from statistics import median_high
 from typing import Any, Sequence
 
@@ -202,7 +203,60 @@ def scenario_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
                                  for label, r in runs.items()}
     if ADAPTIVE in runs:
         out["adaptive_final_eval_vs_none"] = out["final_eval_vs_none"][ADAPTIVE]
+    interval = ratio_intervals(runs)
+    if interval is not None:
+        out["ratio_interval"] = interval
     return out
+
+
+#: Bootstrap draws behind a ratio's interval, and the interval's quantiles (90 %).
+INTERVAL_DRAWS = 2000
+INTERVAL_QUANTILES = (0.05, 0.95)
+
+
+def ratio_intervals(runs: dict[str, dict[str, Any]], draws: int = INTERVAL_DRAWS,
+                    seed: int = 0) -> dict[str, list[float | None]] | None:
+    """Each label's ratio to the best fixed choice as a 90 % bootstrap interval: how far the
+    machine's noise alone moves the verdict.
+
+    Each draw resamples every label's runs on each seed with replacement, picks the best fixed
+    choice again (:func:`best_fixed`: which choice is best is itself a product of the noise,
+    and picking the least of several noisy fixed times favours them) and takes the paired
+    ratio (:func:`paired_ratio`). The interval is the draws' 5th and 95th percentiles; a bound
+    that is a miss is None. Why: the same run repeated differs by up to ±10 % in total time on
+    this machine (``none`` against fp16 on steady-fast ranged 0.85-1.25 over 26 result files),
+    so a ratio of 1.16 from three runs a seed may or may not exceed 1.05; the interval says
+    which. None when no seed has two runs of any label (nothing to resample). Deterministic for
+    a given ``seed``.
+    """
+    grouped = {label: _by_seed(entry.get("repeats") or [entry]) for label, entry in runs.items()}
+    if not any(len(group) >= 2 for by_seed in grouped.values() for group in by_seed.values()):
+        return None
+    rng = random.Random(seed)
+    fixed = [label for label in runs if not is_adaptive(label)]
+    samples: dict[str, list[float]] = {label: [] for label in runs}
+    for _ in range(draws):
+        drawn = {label: _resampled(by_seed, rng) for label, by_seed in grouped.items()}
+        best = drawn[best_fixed(drawn, fixed)]
+        for label, entry in drawn.items():
+            samples[label].append(_raw_paired_ratio(entry, best))
+    return {label: [_quantile(values, q) for q in INTERVAL_QUANTILES] for label, values in samples.items()}
+
+
+def _resampled(by_seed: dict[Any, list[dict[str, Any]]], rng: random.Random) -> dict[str, Any]:
+    """A label's entry from its runs drawn again with replacement, seed by seed."""
+    repeats = [rng.choice(group) for group in by_seed.values() for _ in group]
+    times = sorted(_or_inf(r["time_to_target_s"]) for r in repeats)
+    middle = times[len(times) // 2]
+    return {"repeats": repeats, "time_to_target_s": None if math.isinf(middle) else middle}
+
+
+def _quantile(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile of ``values`` (nearest rank), rounded; None for a miss (infinite, or no
+    seed to compare)."""
+    ordered = sorted(values, key=lambda v: math.inf if math.isnan(v) else v)
+    value = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return round(value, 3) if math.isfinite(value) else None
 
 
 def best_fixed(runs: dict[str, dict[str, Any]], fixed: Sequence[str]) -> str:

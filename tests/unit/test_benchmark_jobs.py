@@ -148,6 +148,37 @@ def test_the_best_fixed_choice_is_one_no_fixed_choice_beats_paired_by_seed() -> 
     assert best_fixed({"x": two["x"], "y": two["y"]}, ["x", "y"]) == "y"  # no none, both unbeaten: by the median run
 
 
+def test_the_ratio_interval_is_what_resampling_the_runs_moves_it_by() -> None:
+    """Three runs a seed. ``same`` repeats ``none``'s times: its interval starts at 1 (draws
+    that pick alike) and reaches at most the spread of ``none``'s runs within a seed (12/10).
+    ``slow`` is 20 % slower than ``none`` in every run: its interval lies above 1.05 wherever
+    the draws fall. ``miss`` never reaches the target: both bounds are misses. One run a
+    seed: nothing to resample."""
+    from benchmarks.adaptive.results import ratio_intervals, scenario_verdict
+
+    def entry(times_by_seed: dict[int, list[float | None]]) -> dict:
+        repeats = [{"seed": seed, "time_to_target_s": t} for seed, times in times_by_seed.items() for t in times]
+        return {"time_to_target_s": repeats[0]["time_to_target_s"], "repeats": repeats, "final_eval": 1.0,
+                "final_vs_none": 0.0}
+
+    none = {0: [10.0, 11.0, 12.0], 1: [20.0, 21.0, 22.0]}
+    runs = {"none": entry(none), "same": entry(none),
+            "slow": entry({seed: [1.2 * t for t in times] for seed, times in none.items()}),
+            "miss": entry({0: [None] * 3, 1: [None] * 3}), "adaptive": entry({0: [12.0] * 3, 1: [22.0] * 3})}
+    interval = ratio_intervals(runs)
+    assert interval == ratio_intervals(runs)  # deterministic
+    low, high = interval["same"]
+    assert low == 1.0 and high is not None and 1.0 < high <= 12.0 / 10.0  # the best of two noisy copies is the floor
+    assert interval["slow"][0] is not None and interval["slow"][0] > 1.05
+    assert interval["miss"] == [None, None]
+    adaptive_low, adaptive_high = interval["adaptive"]
+    assert adaptive_low is not None and adaptive_high is not None
+    assert 1.0 <= adaptive_low <= scenario_verdict(runs)["ratio_to_best"]["adaptive"] <= adaptive_high <= 1.2
+    assert scenario_verdict(runs)["ratio_interval"] == interval
+    single = {"none": entry({0: [10.0], 1: [20.0]}), "adaptive": entry({0: [11.0], 1: [21.0]})}
+    assert ratio_intervals(single) is None and "ratio_interval" not in scenario_verdict(single)
+
+
 def test_the_switching_bound_is_taken_per_seed_from_each_runs_own_steps_to_target() -> None:
     """As above (fast 0.10/0.12 s per step for none/b, slow 0.30/0.15 s), but seed 1's runs
     need 60 steps instead of 90: its bound comes from those steps, and ``by_seed`` lists both."""
