@@ -42,7 +42,9 @@ Algorithm of :func:`decide`:
    each phase late.
 5. **Hysteresis.** If the current choice fails the guard, switch at once (quality first).
    Otherwise switch only when the predicted gain ``(τ_current − τ_best) / τ_current`` (the
-   share of time to accuracy saved) exceeds ``gain_threshold`` and at least ``min_dwell_s``
+   share of time to accuracy saved) exceeds ``gain_threshold`` (``known_error_gain_threshold``
+   between ``none`` and the casts, whose error is known, except back to the choice the last
+   switch left: :func:`_threshold`) and at least ``min_dwell_s``
    passed since the last switch, counted again from when it took effect (the first report
    of a step it ran; on a slow link the workers apply a decision seconds after it is made).
    ``τ_current`` gives the running choice the benefit of the doubt: its averaged efficiency
@@ -112,6 +114,8 @@ class PolicyConfig:
     topk_ratios: tuple[float, ...] = DEFAULT_TOPK_RATIOS
     #: Switch only for a predicted step-time saving above this fraction of the current step.
     gain_threshold: float = 0.10
+    #: The same between choices whose error is known (``none`` and the casts): see :func:`_threshold`.
+    known_error_gain_threshold: float = 0.02
     #: Seconds that must pass after a switch before the next one (quality fixes excepted).
     min_dwell_s: float = 30.0
     bandwidth_half_life_s: float = 5.0
@@ -141,7 +145,7 @@ class PolicyConfig:
             raise ValueError(f"min_rank: must be in [1, max_rank={self.max_rank}], got {self.min_rank}")
         if any(not 0 < q <= 1 for q in self.topk_ratios):
             raise ValueError(f"topk_ratios: each must be in (0, 1], got {self.topk_ratios}")
-        for name in ("gain_threshold", "min_dwell_s", "critical_hold_s", "critical_grad_change"):
+        for name in ("gain_threshold", "known_error_gain_threshold", "min_dwell_s", "critical_hold_s", "critical_grad_change"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if not self.bandwidth_half_life_s > 0:
@@ -233,6 +237,9 @@ class PolicyState:
     #: The label switched to on an estimate alone (it had no running measurement then), until
     #: the next switch: its dwell ends early once it has been measured (see :func:`_trial_measured`).
     trial: str | None = None
+    #: The label the last switch moved away from: going back to it takes the full threshold
+    #: (see :func:`_threshold`).
+    left: str | None = None
     switches: int = 0
     #: Averaged running efficiency of every label that has run (``planning.progress``).
     measured: Measured = ()
@@ -419,6 +426,34 @@ def _side(best: _Scored, current: _Scored, threshold: float) -> bool:
     return _lossy(best.spec) if _gain(current, best) > threshold else _lossy(current.spec)
 
 
+def _threshold(current: _Scored, best: _Scored, state: PolicyState, cfg: PolicyConfig) -> float:
+    """The predicted gain a switch from ``current`` to ``best`` must exceed:
+    ``known_error_gain_threshold`` (2 %) between two choices whose error is known (``none``
+    and the casts), unless it goes back to the one the last switch left; ``gain_threshold``
+    (10 %) otherwise.
+
+    Why less between known errors: the threshold keeps the policy from moving on a gain its
+    inputs cannot resolve, and the least resolved input is what a lossy choice loses (an
+    estimate, or an average of noisy efficiency samples: the CNN's scatter 0.5-0.9 from one
+    exchange to the next), where a wrong move costs progress later steps do not give back.
+    Between ``none``, fp16 and bf16 only the step time is at stake: their error is a unit
+    round-off, they carry no state, and the step correction (``planning.step_correction``)
+    measures a wrong prediction within a few reports. On this machine's steady 1 Gbit/s link
+    fp16's steps ran 2.8 % faster than ``none``'s (8 paired runs, steps 15-210; the cost model
+    predicted 3.5 %), and the 10 % threshold kept ``none`` for the whole run.
+
+    Why the full threshold back: where two such choices cross, a noisy reading moves their
+    predictions by a few per cent either way, and with 2 % both ways the policy traded
+    ``none`` and fp16 once per dwell for as long as the link sat there (every one of 60
+    synthetic 900 s traces of a link read ±30 % about 2.8 or 3.2 Gbit/s, 30 seeds each). One
+    small move, and back only for a gain that the reading's noise does not make: a hysteresis
+    band like a thermostat's (none of 210 such traces, 1.6-4 Gbit/s, then moved twice).
+    """
+    if _lossy(current.spec) or _lossy(best.spec) or best.label == state.left:
+        return cfg.gain_threshold
+    return cfg.known_error_gain_threshold
+
+
 def _keep_s(cfg: PolicyConfig) -> float:
     """How far back the link's histories reach: as far as
     :func:`planning.link_levels.level_mix` looks, ``oscillation_shifts`` windows."""
@@ -556,8 +591,9 @@ def decide(
     gain = _gain(current, best)
     saving = "faster" if m.errors is None else "less time per progress"
     comparison = f"{best.describe('predicted ')} vs {current.describe()} ({gain:.1%} {saving}, {context})"
-    if gain <= cfg.gain_threshold:
-        return Keep(f"{comparison}; below the {cfg.gain_threshold:.0%} threshold", current.step_s), state
+    threshold = _threshold(current, best, state, cfg)
+    if gain <= threshold:
+        return Keep(f"{comparison}; below the {threshold:.0%} threshold", current.step_s), state
     if state.last_switch_at is not None and now - state.last_switch_at < cfg.min_dwell_s:
         waited = now - state.last_switch_at
         if _trial_measured(state, m.current.label):
@@ -644,4 +680,4 @@ def _switch(
                       new_step_s=best.step_s, reason=reason)
     trial = spec.label if spec.label not in dict(state.measured) else None
     return decision, dataclasses.replace(state, last_switch_at=now, awaiting=spec.label, trial=trial,
-                                         switches=state.switches + 1)
+                                         left=current.label, switches=state.switches + 1)

@@ -184,6 +184,27 @@ def test_gain_threshold_is_respected():
     assert isinstance(decision, Switch) and decision.spec == first.spec
 
 
+def test_between_none_and_the_casts_a_small_gain_switches_and_the_dwell_still_holds():
+    """At 2.5 Gbit/s fp16 is predicted 8 % faster than ``none``, under the 10 % threshold: the
+    threshold guards moves that involve a lossy choice (what it loses is an estimate); between
+    choices whose error is known 2 % is enough, except back to the choice the last switch left
+    (hysteresis). The dwell still holds the move back."""
+    link = alpha_beta_from_bandwidth(3.125e8, LATENCY / (2 * (WORKERS - 1)))
+    none, fp16 = make_spec("none"), make_spec("fp16")
+    gain = 1 - predict_step(fp16, PROFILE, WORKERS, link).step_s / predict_step(none, PROFILE, WORKERS, link).step_s
+    assert 0 < gain < CFG.gain_threshold
+    state = PolicyState(link=LinkAverage(3.125e8, LATENCY, 0.0))
+    decision, _ = decide(state, measure(3.125e8, none), CFG, 1.0)
+    assert isinstance(decision, Switch) and decision.spec == fp16 and decision.gain == pytest.approx(gain, rel=1e-6)
+    decision, _ = decide(dataclasses.replace(state, last_switch_at=0.0), measure(3.125e8, none), CFG, 1.0)
+    assert isinstance(decision, Keep) and "min dwell" in decision.reason
+    back, _ = decide(dataclasses.replace(state, left="fp16"), measure(3.125e8, none), CFG, 1.0)
+    assert isinstance(back, Keep) and "below the 10% threshold" in back.reason  # back to what it left: the full threshold
+    lossy_gain, _ = decide(slow_link_state(None), measure(MBIT50, make_spec("acpsgd", rank=4)),
+                           dataclasses.replace(CFG, gain_threshold=0.0), 1.0)
+    assert isinstance(lossy_gain, Switch) and 0 < lossy_gain.gain  # a lossy move: held by the threshold above
+
+
 def test_rank_outside_bounds_is_fixed_at_once_and_settings_are_kept():
     cfg = dataclasses.replace(CFG, min_rank=2, max_rank=16)
     current = make_spec("acpsgd", rank=1, seed=7, min_compress_numel=100)
