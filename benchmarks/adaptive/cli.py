@@ -76,8 +76,24 @@ def run_choice(backend: Backend, args: argparse.Namespace, choice: str, phases: 
     return kept, held_out.curve(kept.checkpoint.parent), loads
 
 
+def round_order(choices: Sequence[str], round_index: int) -> list[str]:
+    """The choices in the order round ``round_index`` runs them: turned one place each round,
+    so over as many rounds as choices each runs once in every position.
+
+    Why: the machine's pace drifts within a round (a 2-core VM shared with its host), and a
+    choice that always runs in one place takes that place's drift in every round. In session
+    23's steady-fast runs adaptive, always last, ran fp16's steps 5 % slower than fixed fp16
+    did in the same rounds (1.022 against 0.970 of ``none``'s time per step), where adaptive on
+    ``none``, third of three, had run 1.006× ``none``: with a fixed order the job and its
+    place cannot be told apart.
+    """
+    turn = round_index % len(choices) if choices else 0
+    return [*choices[turn:], *choices[:turn]]
+
+
 def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir: Path) -> dict[str, Any]:
-    """Every choice once per seed (and repeat), ``none`` first: its curve sets that seed's target.
+    """Every choice once per seed (and repeat), in an order that turns each round
+    (:func:`round_order`); ``none``'s curve sets each seed's target afterwards.
 
     Why several seeds: one seed's trajectory decides the outcome near the target. On seed 0 fp16,
     whose error is 2e-4, ended 2.0 % above ``none`` and reached the target by one evaluation's
@@ -88,11 +104,11 @@ def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir:
     steps = sum(p.steps for p in phases)
     order = ["none", *[c for c in args.choices if c != "none"]]
     repeats: dict[str, list[dict[str, Any]]] = {choice: [] for choice in order}
-    for seed in args.seeds:
+    for seed_index, seed in enumerate(args.seeds):
         seeded = argparse.Namespace(**{**vars(args), "seed": seed})
         held_out = HeldOut(train_config(seeded, fixed_compression("none"), steps), HELD_OUT_SAMPLES)
         for repeat in range(args.repeats):
-            for choice in order:
+            for choice in round_order(order, seed_index * args.repeats + repeat):
                 run, curve, loads = run_choice(backend, seeded, choice, phases, workdir / name / f"seed{seed}-repeat{repeat}",
                                                held_out)
                 result = run_result(run, phases, curve)

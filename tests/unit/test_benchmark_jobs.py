@@ -148,6 +148,18 @@ def test_the_best_fixed_choice_is_one_no_fixed_choice_beats_paired_by_seed() -> 
     assert best_fixed({"x": two["x"], "y": two["y"]}, ["x", "y"]) == "y"  # no none, both unbeaten: by the median run
 
 
+def test_each_round_turns_the_order_so_every_choice_runs_in_every_place() -> None:
+    from benchmarks.adaptive.cli import round_order
+
+    choices = ["none", "fp16", "powersgd-r4", "adaptive"]
+    rounds = [round_order(choices, i) for i in range(len(choices))]
+    assert rounds[0] == choices and rounds[1] == ["fp16", "powersgd-r4", "adaptive", "none"]
+    for place in range(len(choices)):
+        assert sorted(r[place] for r in rounds) == sorted(choices)  # each choice once in each place
+    assert all(sorted(r) == sorted(choices) for r in rounds) and round_order(choices, 4) == choices
+    assert round_order([], 3) == []
+
+
 def test_the_ratio_interval_is_what_resampling_the_runs_moves_it_by() -> None:
     """Three runs a seed. ``same`` repeats ``none``'s times: its interval starts at 1 (draws
     that pick alike) and reaches at most the spread of ``none``'s runs within a seed (12/10).
