@@ -22,5 +22,5 @@ def write_whole(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file beside it: a run killed mid-write
     (a device lent by the minute, a Ctrl-C) leaves the last whole file, never half of one."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
+    partial.write_text(text, encoding="utf-8")
     os.replace(partial, path)

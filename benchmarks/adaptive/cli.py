@@ -37,6 +37,7 @@ from benchmarks.adaptive.scenarios import (
     train_config,
 )
 from benchmarks.machine import bench_lock, foreign_load, wait_for_quiet
+from benchmarks.outputs import write_whole
 from benchmarks.testbed import Testbed
 from planning.sections import LR_SCHEDULES
 
@@ -214,8 +215,8 @@ def write_results(args: argparse.Namespace, doc: dict[str, Any], table: str) -> 
     return where the plot goes (``--plot``, default beside the JSON; None: no plot)."""
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
-        (args.md_out or args.json_out.with_suffix(".md")).write_text(table)
+        write_whole(args.json_out, json.dumps(doc, indent=2) + "\n")
+        write_whole(args.md_out or args.json_out.with_suffix(".md"), table)
     return args.plot or (args.json_out.with_suffix(".png") if args.json_out else None)
 
 

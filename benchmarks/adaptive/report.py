@@ -62,9 +62,11 @@ def markdown(doc: dict[str, Any]) -> str:
         how = ("; the row is the run at the median time to target, the ratio paired by seed, vs none the median "
                "over seeds" if by_seed else "")
         if "ratio_interval" in v:
-            how += "; the interval: 5th-95th percentile of the ratio over runs drawn again with replacement"
+            how += ("; the interval: 5th-95th percentile of the ratio over rounds drawn again with replacement, "
+                    "a floor on the uncertainty with three runs a seed, no confidence interval")
         out += [f"**{name}** (`{scenario['schedule_text']}`; {targets}; best fixed: {v['best_fixed']}{how})", "",
-                "| run | time to target s | each run's | ratio to best fixed (90 % interval) | total s | final held-out | vs none "
+                f"| run | time to target s | each run's | ratio to best fixed{' (interval)' if 'ratio_interval' in v else ''} "
+                "| total s | final held-out | vs none "
                 "| foreign cores | switches |",
                 "|---|---:|---|---:|---:|---:|---:|---:|---|"]
         for label, r in scenario["runs"].items():

@@ -216,18 +216,20 @@ INTERVAL_QUANTILES = (0.05, 0.95)
 
 def ratio_intervals(runs: dict[str, dict[str, Any]], draws: int = INTERVAL_DRAWS,
                     seed: int = 0) -> dict[str, list[float | None]] | None:
-    """Each label's ratio to the best fixed choice as a 90 % bootstrap interval: how far the
-    machine's noise alone moves the verdict.
+    """Each label's ratio to the best fixed choice as a bootstrap interval (5th-95th
+    percentile): how far recombining the runs moves the verdict.
 
-    Each draw resamples every label's runs on each seed with replacement, picks the best fixed
-    choice again (:func:`best_fixed`: which choice is best is itself a product of the noise,
-    and picking the least of several noisy fixed times favours them) and takes the paired
-    ratio (:func:`paired_ratio`). The interval is the draws' 5th and 95th percentiles; a bound
-    that is a miss is None. Why: the same run repeated differs by up to ±10 % in total time on
-    this machine (``none`` against fp16 on steady-fast ranged 0.85-1.25 over 26 result files),
-    so a ratio of 1.16 from three runs a seed may or may not exceed 1.05; the interval says
-    which. None when no seed has two runs of any label (nothing to resample). Deterministic for
-    a given ``seed``.
+    Each draw takes the rounds of each seed again with replacement (:func:`_drawn_again`), picks
+    the best fixed choice again (:func:`best_fixed`: which choice is best is itself a product
+    of the noise, and the least of several noisy fixed times favours them) and takes the paired
+    ratio (:func:`paired_ratio`); a bound that is a miss is None. Why: the same run repeated
+    differs by up to ±10 % in total time on this machine (``none`` against fp16 on steady-fast
+    ranged 0.85-1.25 over 26 result files), and a ratio from three runs a seed hides that.
+    What it is not: a 90 % confidence interval. With three runs a seed a draw can only
+    recombine the runs there are, so the interval is bounded by the extreme runs and
+    understates the spread a new set of runs would show; read it as a floor on the
+    uncertainty. None when no seed has two runs of any label (nothing to resample).
+    Deterministic for a given ``seed``.
     """
     grouped = {label: _by_seed(entry.get("repeats") or [entry]) for label, entry in runs.items()}
     if not any(len(group) >= 2 for by_seed in grouped.values() for group in by_seed.values()):
@@ -236,24 +238,44 @@ def ratio_intervals(runs: dict[str, dict[str, Any]], draws: int = INTERVAL_DRAWS
     fixed = [label for label in runs if not is_adaptive(label)]
     samples: dict[str, list[float]] = {label: [] for label in runs}
     for _ in range(draws):
-        drawn = {label: _resampled(by_seed, rng) for label, by_seed in grouped.items()}
+        drawn = _drawn_again(grouped, rng)
         best = drawn[best_fixed(drawn, fixed)]
         for label, entry in drawn.items():
             samples[label].append(_raw_paired_ratio(entry, best))
     return {label: [_quantile(values, q) for q in INTERVAL_QUANTILES] for label, values in samples.items()}
 
 
-def _resampled(by_seed: dict[Any, list[dict[str, Any]]], rng: random.Random) -> dict[str, Any]:
-    """A label's entry from its runs drawn again with replacement, seed by seed."""
-    repeats = [rng.choice(group) for group in by_seed.values() for _ in group]
-    times = sorted(_or_inf(r["time_to_target_s"]) for r in repeats)
-    middle = times[len(times) // 2]
-    return {"repeats": repeats, "time_to_target_s": None if math.isinf(middle) else middle}
+def _drawn_again(grouped: dict[str, dict[Any, list[dict[str, Any]]]], rng: random.Random) -> dict[str, dict[str, Any]]:
+    """Every label's entry from its runs drawn again with replacement, seed by seed.
+
+    Where every label ran a seed equally often, whole rounds are drawn (a label's i-th run on
+    a seed ran in the i-th round, beside the other labels' i-th runs: ``run_scenario`` runs
+    every choice once a round), so a round in which the machine was slow moves every label
+    alike, as it did; otherwise each label's runs are drawn alone.
+    """
+    repeats: dict[str, list[dict[str, Any]]] = {label: [] for label in grouped}
+    for seed in dict.fromkeys(s for by_seed in grouped.values() for s in by_seed):
+        groups = {label: by_seed.get(seed, []) for label, by_seed in grouped.items()}
+        counts = {len(group) for group in groups.values()}
+        if len(counts) == 1:
+            n = counts.pop()
+            rounds = [rng.randrange(n) for _ in range(n)]
+            for label, group in groups.items():
+                repeats[label] += [group[i] for i in rounds]
+        else:
+            for label, group in groups.items():
+                repeats[label] += [rng.choice(group) for _ in group]
+    out = {}
+    for label, chosen in repeats.items():
+        times = sorted(_or_inf(r["time_to_target_s"]) for r in chosen)
+        middle = times[len(times) // 2] if times else math.inf
+        out[label] = {"repeats": chosen, "time_to_target_s": None if math.isinf(middle) else middle}
+    return out
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile of ``values`` (nearest rank), rounded; None for a miss (infinite, or no
-    seed to compare)."""
+    """The value at index ``floor(q·n)`` of ``values`` in order (the ``q`` quantile to within one
+    draw of 2000), rounded; None for a miss (infinite, or no seed to compare)."""
     ordered = sorted(values, key=lambda v: math.inf if math.isnan(v) else v)
     value = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
     return round(value, 3) if math.isfinite(value) else None
