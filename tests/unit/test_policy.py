@@ -95,10 +95,18 @@ def test_bandwidth_collapse_switches_to_low_rank_and_recovery_switches_back_afte
 def test_noisy_bandwidth_does_not_flap(seed: int, exponent: float):
     # 8.55 and 8.6 (2.8 and 3.2 Gbit/s): where none and fp16 cross on this profile; with the
     # 2 % threshold between them both ways (session 23) these traces traded the two once a dwell.
+    # A second move is allowed only as the one cheap correction of a lossy first pick: to a
+    # choice whose error is known that steps at least as fast (planning.policy._threshold;
+    # 3 of 220 such traces, 20 seeds), and never back to a choice it left.
     rng = random.Random(seed)
     level = 10**exponent
     switches, _ = run_trace(lambda t: level * rng.uniform(0.7, 1.3), until=900)
-    assert len(switches) <= 1, [(t, s.spec.label) for t, s in switches]
+    moves = [(t, s.spec.label) for t, s in switches]
+    assert len(switches) <= 2 and len({label for _, label in moves}) == len(moves), moves
+    if len(switches) == 2:
+        first, second = switches[0][1], switches[1][1]
+        assert first.spec.name not in UNCOMPRESSED and second.spec.name in UNCOMPRESSED, moves
+        assert second.new_step_s <= second.current_step_s, moves
 
 
 def test_single_outlier_report_is_ignored():
@@ -217,7 +225,8 @@ def test_between_none_and_the_casts_a_small_gain_switches_and_the_dwell_still_ho
 
 
 def test_every_choice_left_takes_the_full_threshold_and_a_lower_gain_threshold_caps_the_small_one():
-    """``none`` → fp16 → bf16 → ``none`` would pass 2 % at every hop; each label left counts."""
+    """``none`` → fp16 → bf16 → ``none`` would pass 2 % at every hop; each label left counts. From
+    a lossy choice the small threshold holds only to a known error that steps as fast."""
     def scored(label: str, tau: float) -> _Scored:
         return _Scored(make_spec(label), label, tau, None, tau)
 
@@ -225,7 +234,11 @@ def test_every_choice_left_takes_the_full_threshold_and_a_lower_gain_threshold_c
     state = PolicyState(left=("none", "fp16"))
     assert _threshold(fp16, bf16, state, CFG) == 0.02  # bf16 was not left
     assert _threshold(bf16, none, state, CFG) == _threshold(bf16, fp16, state, CFG) == CFG.gain_threshold
-    assert _threshold(none, acp, PolicyState(), CFG) == CFG.gain_threshold  # lossy: always the full threshold
+    assert _threshold(none, acp, PolicyState(), CFG) == CFG.gain_threshold  # to a lossy choice: the full threshold
+    # From a lossy choice: cheap to a known error that steps as fast, the full threshold if the lossy one steps faster.
+    assert _threshold(scored("acpsgd", 1.0), fp16, PolicyState(), CFG) == 0.02
+    assert _threshold(acp, fp16, PolicyState(), CFG) == CFG.gain_threshold
+    assert _threshold(scored("acpsgd", 1.0), fp16, state, CFG) == CFG.gain_threshold  # fp16 was left before
     low = dataclasses.replace(CFG, gain_threshold=0.01)
     assert _threshold(none, fp16, PolicyState(), low) == 0.01 == _threshold(bf16, none, state, low)  # never inverted
 
