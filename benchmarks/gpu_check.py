@@ -27,7 +27,6 @@ test suite does, so the script cannot rot between GPU sessions).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ from typing import Any, Sequence
 import torch
 
 from benchmarks.compressor_cost import OUR_METHODS, measure_workloads, method_params, single_process_group
-from benchmarks.outputs import write_whole
+from benchmarks.outputs import write_json_and_table
 from benchmarks.repo import REPO_ROOT
 from compressors import GradientSync
 from compressors.base import from_spec
@@ -190,9 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         """Write what is measured so far: a run cut short (the device's time is lent by the
         minute) keeps every row it finished, each file whole."""
         doc["wall_s"] = time.monotonic() - started
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        write_whole(args.json_out, json.dumps(doc, indent=2))
-        write_whole(args.json_out.with_suffix(".md"), markdown(doc))
+        write_json_and_table(args.json_out, doc, markdown(doc))
 
     def rows(models: Sequence[str], compressors: Sequence[str], quality: bool) -> None:
         """Each (model, compressor)'s step into ``doc`` (``quality``: with the quality signal

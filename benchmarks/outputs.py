@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Any
 
 
-def write_json_and_table(json_out: Path | None, doc: dict[str, Any], table: str) -> None:
-    """Write ``doc`` to ``json_out`` and ``table`` to the same name with ``.md`` (nothing when
-    ``json_out`` is None), making the folder if need be."""
+def write_json_and_table(json_out: Path | None, doc: dict[str, Any], table: str, table_out: Path | None = None) -> None:
+    """Write ``doc`` to ``json_out`` and ``table`` to ``table_out`` (default: the same name with
+    ``.md``), each whole (:func:`write_whole`); nothing when ``json_out`` is None. Makes the
+    folder if need be."""
     if json_out is None:
         return
     json_out.parent.mkdir(parents=True, exist_ok=True)
     write_whole(json_out, json.dumps(doc, indent=2) + "\n")
-    write_whole(json_out.with_suffix(".md"), table)
+    write_whole(table_out or json_out.with_suffix(".md"), table)
 
 
 def write_whole(path: Path, text: str) -> None:

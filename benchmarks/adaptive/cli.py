@@ -37,7 +37,7 @@ from benchmarks.adaptive.scenarios import (
     train_config,
 )
 from benchmarks.machine import bench_lock, foreign_load, wait_for_quiet
-from benchmarks.outputs import write_whole
+from benchmarks.outputs import write_json_and_table
 from benchmarks.testbed import Testbed
 from planning.sections import LR_SCHEDULES
 
@@ -213,10 +213,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def write_results(args: argparse.Namespace, doc: dict[str, Any], table: str) -> Path | None:
     """Write ``--json-out`` and the markdown table (``--md-out``, default beside the JSON);
     return where the plot goes (``--plot``, default beside the JSON; None: no plot)."""
-    if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        write_whole(args.json_out, json.dumps(doc, indent=2) + "\n")
-        write_whole(args.md_out or args.json_out.with_suffix(".md"), table)
+    write_json_and_table(args.json_out, doc, table, args.md_out)
     return args.plot or (args.json_out.with_suffix(".png") if args.json_out else None)
 
 
