@@ -228,30 +228,38 @@ def link_rose(estimate: LinkEstimate, check: LinkCheck, reading_bps: float) -> b
 
 def wake_up_seconds(tensor: "torch.Tensor", process_group: "dist.ProcessGroup | None", device: "torch.device",
                     rounds: int, spin_s: float = WAKE_SPIN_S) -> float:
-    """Mean time of a small all-reduce that the last rank joins after computing.
+    """Mean time of a small all-reduce that the last rank joins after computing, as that rank
+    meets it; every rank must call it, and every rank returns the same figure.
 
     Why: the aligned rounds (a barrier, then the collective) find every rank awake and
     measure the link; in a training step the ranks that finished backward first sleep in
     the collective until the last one arrives, and waking them costs more -- on VMs a
     heavy-tailed ~1-2 ms. Each round: a barrier, then every rank spins (busy CPU, like
     backward) for ``spin_s / 2``, except one (a different one each round) for ``spin_s``,
-    then all-reduce. The collective can finish only after the last rank's ``spin_s``, so
-    the time beyond it is the collective as the last rank meets it. Mean, not median: the
-    tail is what a step pays on average.
+    then all-reduce. Only that last rank's clock counts, from the end of its spin to the end
+    of the collective: the others' clocks start when the barrier lets them go, which on a
+    loaded machine can be milliseconds apart, so a wait timed on them mixes that skew in
+    (and had come out below zero, the skew larger than the collective). The rounds' times
+    are then summed across ranks (each round's is nonzero on its last rank alone), so every
+    rank holds them all. Mean, not median: the tail is what a step pays on average.
     """
+    import torch
     import torch.distributed as dist
 
     rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
-    seconds = []
+    seconds = torch.zeros(rounds, dtype=torch.float64, device=device)
     for round_ in range(rounds):
         dist.barrier(group=process_group)
         synchronize(device)
+        last = rank == round_ % world
+        _spin(spin_s if last else spin_s / 2)
         start = time.perf_counter()
-        _spin(spin_s if rank == round_ % world else spin_s / 2)
         dist.all_reduce(tensor, group=process_group)
         synchronize(device)
-        seconds.append(time.perf_counter() - start - spin_s)
-    return max(0.0, statistics.fmean(seconds))
+        if last:
+            seconds[round_] = time.perf_counter() - start
+    dist.all_reduce(seconds, group=process_group)
+    return float(seconds.mean()) if rounds else 0.0
 
 
 def _spin(seconds: float) -> None:
