@@ -53,6 +53,11 @@ MIN_LARGE_PROBE_BYTES = 256 * 1024
 MAX_LARGE_PROBE_BYTES = DEFAULT_SIZES[1]
 #: A sized probe whose large warm-up takes this many times its target stops there.
 PROBE_STOP_FACTOR = 4.0
+#: Before a sized probe's large warm-up, a message of this size (the smallest large one) tells
+#: whether the link is still near the rate the probe was sized for; if the large message would
+#: take over ``stop_after_s`` at the rate it implies (and it took over ``PROBE_TRANSFER_S``
+#: itself, beyond what latency and a scheduling hiccup explain), the probe stops there.
+PILOT_BYTES = MIN_LARGE_PROBE_BYTES
 #: Wake-up rounds per probe and how long the last rank to arrive computes (spins) first.
 WAKE_ROUNDS = 8
 WAKE_SPIN_S = 0.002
@@ -127,7 +132,13 @@ def probe_link(
        ``stop_after_s``, if the large warm-up (or, without warm-up, the first round's large
        message) took longer on any rank (the ranks agree by an all-reduce of their times),
        that long transfer is the measurement and no more rounds follow: the link is much
-       slower than the probe was sized for.
+       slower than the probe was sized for. Before a large warm-up of more than
+       :data:`PILOT_BYTES`, a pilot of that size is timed first: if the large message would
+       take over ``stop_after_s`` at the rate the pilot shows (and the pilot took over
+       ``PROBE_TRANSFER_S``), the pilot is the measurement and the large message is never
+       sent. Why: a probe sized to 1 Gbit/s that met a drop to 20 Mbit/s spent ~1.1 s on its
+       warm-up alone, and the probe budget then allowed no recovery check for ~20 s
+       (``tests/distributed/test_adaptive_testbed.py``); the pilot stops it after ~0.1 s.
     4. ``wake_rounds`` times the small message as a training step meets it
        (:func:`wake_up_seconds`): ``wake_s`` is its mean time beyond what the fitted α-β model
        predicts for it (so α's fit noise and ``wake_s`` add up to what a step sees).
@@ -156,14 +167,24 @@ def probe_link(
     if warmup:
         for tensor in tensors[:-1]:
             dist.all_reduce(tensor, group=process_group)
+        if stop_after_s is not None and nbytes[-1] > PILOT_BYTES:
+            pilot = tensors[-1].narrow(0, 0, PILOT_BYTES // tensors[-1].element_size())
+            pilot_s = _slowest(_timed_all_reduce(pilot, process_group, dev), process_group, dev)
+            if pilot_s > PROBE_TRANSFER_S and pilot_s * nbytes[-1] / PILOT_BYTES > stop_after_s:
+                # The link fell far below the rate the probe was sized for: the pilot is the
+                # large measurement, the large message is never sent. Its start rides a
+                # shaper's burst: on the testbed's 20 Mbit/s link it read 25-26 Mbit/s where
+                # a full probe (4.7 s) read 17; the next probe, sized to it, corrects that.
+                tensors[-1], nbytes[-1] = pilot, PILOT_BYTES
+                _measured_once(pilot_s, tensors, times, process_group, dev)
+                rounds = 0
+    if warmup and rounds:
         # The large warm-up also drains a shaper's burst, so the timed rounds see the rate.
         drain_s = _timed_all_reduce(tensors[-1], process_group, dev)
         slowest = _slowest(drain_s, process_group, dev) if stop_after_s is not None else 0.0
         if stop_after_s is not None and slowest > stop_after_s:
             # Much slower than sized for: this long transfer is measurement enough.
-            times[-1].append(slowest)
-            for i, tensor in enumerate(tensors[:-1]):
-                times[i].append(_timed_all_reduce(tensor, process_group, dev))
+            _measured_once(slowest, tensors, times, process_group, dev)
             rounds = 0
     for round_ in range(rounds):
         for i, tensor in enumerate(tensors):
@@ -297,6 +318,15 @@ def _probe_tensors(sizes: Sequence[int], device: "torch.device") -> list["torch.
     if len(counts) < 2:
         raise ValueError(f"sizes: need two distinct sizes of at least {FP32_BYTES} bytes, got {tuple(sizes)}")
     return [torch.ones(c, dtype=torch.float32, device=device) for c in counts]
+
+
+def _measured_once(large_s: float, tensors: "list[torch.Tensor]", times: list[list[float]],
+                   process_group: "dist.ProcessGroup | None", device: "torch.device") -> None:
+    """A probe cut short: the large message's one time is ``large_s``; time each smaller size
+    once beside it (the fit needs every size)."""
+    times[-1].append(large_s)
+    for i, tensor in enumerate(tensors[:-1]):
+        times[i].append(_timed_all_reduce(tensor, process_group, device))
 
 
 def _timed_all_reduce(tensor: "torch.Tensor", process_group: "dist.ProcessGroup | None",

@@ -14,7 +14,14 @@ from harness import run_ranks
 
 from benchmarks.testbed import Testbed, worker_env
 from workers.link_estimate import LinkEstimate
-from workers.probe import probe_link
+from workers.probe import (
+    DEFAULT_SIZES,
+    PILOT_BYTES,
+    PROBE_STOP_FACTOR,
+    PROBE_TRANSFER_S,
+    probe_link,
+    sized_probe,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,8 +34,9 @@ from datetime import timedelta
 import torch.distributed as dist
 from workers.probe import probe_link
 init, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sized = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=timedelta(seconds=60))
-est = probe_link()
+est = probe_link(**sized)
 dist.destroy_process_group()
 print(json.dumps(est.to_dict()))
 """
@@ -98,20 +106,27 @@ def testbed_ok() -> None:
         pytest.skip(f"network namespaces unavailable: {why}")
 
 
+def _probe_across(tb: Testbed, port: int, **sized: object) -> list[dict]:
+    """Both ranks' estimates from one probe across the testbed (``sized``: probe_link's
+    keyword arguments)."""
+    init = f"tcp://{tb.address(0)}:{port}"
+    procs = [
+        tb.run(i, [sys.executable, "-c", PROBE_RANK, init, str(i), "2", json.dumps(sized)], env=worker_env(tb, i),
+               cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
 @pytest.mark.slow
 def test_probe_measures_a_link_of_known_rate_within_30_percent(testbed_ok: None) -> None:
     with Testbed(hosts=2, mbit=LINK_MBIT) as tb:
-        init = f"tcp://{tb.address(0)}:29511"
-        procs = [
-            tb.run(i, [sys.executable, "-c", PROBE_RANK, init, str(i), "2"], env=worker_env(tb, i),
-                   cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for i in range(2)
-        ]
-        results = []
-        for proc in procs:
-            out, err = proc.communicate(timeout=90)
-            assert proc.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
+        results = _probe_across(tb, 29511)
     assert results[0] == results[1], "ranks must see rank 0's estimate"
     seen_mbit = results[0]["bandwidth_bytes_per_second"] * 8 / 1e6
     assert abs(seen_mbit - LINK_MBIT) / LINK_MBIT <= 0.3, f"probe saw {seen_mbit:.1f} Mbit/s on a {LINK_MBIT} link"
@@ -177,3 +192,24 @@ def test_a_check_sees_the_link_come_back_at_a_fraction_of_a_probes_cost(testbed_
     assert first["back"][2] is True and second["back"][2] is True  # back at 1000 Mbit/s: a rise
     # One message of the probe's size, no warm-up, no second size, no wake-up rounds.
     assert first["same"][1] < first["probe_cost_s"] / 2
+
+
+@pytest.mark.slow
+def test_a_probe_sized_for_a_fast_link_that_fell_stops_at_its_pilot(testbed_ok: None) -> None:
+    # Sized to ~20 ms at 1 Gbit/s (2.5 MB), as the job sizes its probe from a fast reading, on
+    # a link that has fallen to 20 Mbit/s: the large warm-up alone would take ~1 s. The pilot
+    # shows the link is ~50x slower than sized for, and its time is the measurement.
+    fell_to = 20.0
+    sized = {"sizes": [DEFAULT_SIZES[0], sized_probe(1000e6 / 8)[1]],
+             "stop_after_s": PROBE_STOP_FACTOR * PROBE_TRANSFER_S, "wake_rounds": 0}
+    with Testbed(hosts=2, mbit=fell_to) as tb:
+        fell = _probe_across(tb, 29512, **sized)
+        tb.set_rate(1000.0)
+        fast = _probe_across(tb, 29513, **sized)
+    assert fell[0] == fell[1] and fast[0] == fast[1]
+    assert fell[0]["probe_bytes"] == PILOT_BYTES, "the large message was sent on the slow link"
+    seen_mbit = fell[0]["bandwidth_bytes_per_second"] * 8e-6
+    # The pilot starts on the shaper's burst (64 KiB of its 256 KiB), so it reads a little high.
+    assert 0.7 * fell_to <= seen_mbit <= 1.6 * fell_to, f"the pilot saw {seen_mbit:.1f} Mbit/s on a {fell_to} link"
+    # Where the link is the rate the probe was sized for, the pilot lets the probe go on.
+    assert fast[0]["probe_bytes"] == sized["sizes"][1]
