@@ -96,7 +96,7 @@ def test_noisy_bandwidth_does_not_flap(seed: int, exponent: float):
     # 8.55 and 8.6 (2.8 and 3.2 Gbit/s): where none and fp16 cross on this profile; with the
     # 2 % threshold between them both ways (session 23) these traces traded the two once a dwell.
     # A second move is allowed only as the one cheap correction of a lossy first pick: to a
-    # choice whose error is known that steps at least as fast (planning.policy._threshold;
+    # choice whose error is known that steps as fast, within 2 % (planning.policy._threshold;
     # 3 of 220 such traces, 20 seeds), and never back to a choice it left.
     rng = random.Random(seed)
     level = 10**exponent
@@ -106,7 +106,7 @@ def test_noisy_bandwidth_does_not_flap(seed: int, exponent: float):
     if len(switches) == 2:
         first, second = switches[0][1], switches[1][1]
         assert first.spec.name not in UNCOMPRESSED and second.spec.name in UNCOMPRESSED, moves
-        assert second.new_step_s <= second.current_step_s, moves
+        assert second.new_step_s * (1 - CFG.known_error_gain_threshold) <= second.current_step_s, moves
 
 
 def test_single_outlier_report_is_ignored():
@@ -235,12 +235,26 @@ def test_every_choice_left_takes_the_full_threshold_and_a_lower_gain_threshold_c
     assert _threshold(fp16, bf16, state, CFG) == 0.02  # bf16 was not left
     assert _threshold(bf16, none, state, CFG) == _threshold(bf16, fp16, state, CFG) == CFG.gain_threshold
     assert _threshold(none, acp, PolicyState(), CFG) == CFG.gain_threshold  # to a lossy choice: the full threshold
-    # From a lossy choice: cheap to a known error that steps as fast, the full threshold if the lossy one steps faster.
+    # From a lossy choice: cheap to a known error that steps as fast (within the small threshold:
+    # two predictions level to their noise), the full threshold if the lossy one steps faster.
     assert _threshold(scored("acpsgd", 1.0), fp16, PolicyState(), CFG) == 0.02
+    assert _threshold(scored("acpsgd", 0.97 * 0.985), fp16, PolicyState(), CFG) == 0.02
     assert _threshold(acp, fp16, PolicyState(), CFG) == CFG.gain_threshold
     assert _threshold(scored("acpsgd", 1.0), fp16, state, CFG) == CFG.gain_threshold  # fp16 was left before
     low = dataclasses.replace(CFG, gain_threshold=0.01)
     assert _threshold(none, fp16, PolicyState(), low) == 0.01 == _threshold(bf16, none, state, low)  # never inverted
+
+
+def test_a_move_to_a_lossy_choice_leaves_no_label_behind():
+    """The link falls under fp16: the move to a low-rank compressor is no crossing of two
+    known-error choices, so when the link comes back fp16 is a cheap move again."""
+    fp16 = make_spec("fp16")
+    decision, after = decide(dataclasses.replace(slow_link_state(None), left=("none",)), measure(MBIT50, fp16), CFG, 1.0)
+    assert isinstance(decision, Switch) and decision.spec.name in ("acpsgd", "powersgd")
+    assert after.left == ("none",)
+    lossy = _Scored(decision.spec, decision.spec.label, 1.0, None, 1.0)
+    back = _Scored(fp16, "fp16", 0.95, None, 1.0)
+    assert _threshold(lossy, back, after, CFG) == CFG.known_error_gain_threshold
 
 
 def test_rank_outside_bounds_is_fixed_at_once_and_settings_are_kept():
