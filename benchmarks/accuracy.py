@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from benchmarks.outputs import write_whole
 from planning.config import TrainConfig
 
 #: (label, compression settings) in the order they are reported; "none" is the S-SGD baseline.
@@ -179,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
+        write_whole(args.json_out, json.dumps(doc, indent=2) + "\n")
     if args.plot:
         plot(rows, args.plot)
     print(f"[accuracy] done in {doc['wall_s']:.0f} s")

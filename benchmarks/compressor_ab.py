@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks import compressor_cost as cc
 from benchmarks.machine import foreign_load
+from benchmarks.outputs import write_whole
 from workers.models import parameter_shapes
 
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"  non-finite check {check * 1e3:.2f} ms ({check / new_row['encode_decode_s']:.1%})")
             del workload, cases
     if args.json_out:
-        args.json_out.write_text(json.dumps(results, indent=2))
+        write_whole(args.json_out, json.dumps(results, indent=2))
     return 0
 
 

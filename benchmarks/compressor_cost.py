@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_psgd
 
+from benchmarks.outputs import write_whole
 from compressors import GradientSync, build
 from planning.costmodel import DDP_FIRST_BUCKET_BYTES, build_bucket_layout
 from workers.models import parameter_shapes
@@ -402,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(results)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(results, indent=2))
+        write_whole(args.json_out, json.dumps(results, indent=2))
     return 0
 
 

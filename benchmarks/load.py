@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from benchmarks.machine import machine_busy_s
+from benchmarks.outputs import write_whole
 from benchmarks.repo import REPO_ROOT
 from coordinator.raylocal import free_port
 
@@ -369,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args.rates, args.jobs, args.seconds, args.sse_clients, extra, args.baseline)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(results, indent=2) + "\n")
+        write_whole(args.json_out, json.dumps(results, indent=2) + "\n")
     return 0 if all(c["consistent"] for c in results["consistency"].values()) else 1
 
 

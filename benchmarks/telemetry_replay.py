@@ -22,6 +22,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks.outputs import write_whole
 from planning.controller import AdaptiveController
 from planning.protocol import Telemetry
 from planning.sections import CompressionConfig
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if replay.corrections:
             print(f"  step corrections (s): {replay.corrections}")
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps([asdict(r) for r in replays], indent=1) + "\n")
+        write_whole(args.json_out, json.dumps([asdict(r) for r in replays], indent=1) + "\n")
     return 0
 
 

@@ -27,6 +27,7 @@ from benchmarks.cluster.scenario import (
 )
 from benchmarks.cluster.state import live_states, one_state, sweep_stale
 from benchmarks.machine import LOCK_PATH, bench_lock, wait_for_quiet
+from benchmarks.outputs import write_json_and_table
 from benchmarks.testbed import TestbedError, alive, set_link_rate
 from coordinator.client import ApiError, Client
 
@@ -144,8 +145,7 @@ def _scenario(args: argparse.Namespace) -> int:
     print(json.dumps({k: doc[k] for k in ("state", "switches", "world_sizes", "phases", "verdict")}, indent=1))
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(doc, indent=1) + "\n")
-        args.json_out.with_suffix(".md").write_text(markdown(doc))
+        write_json_and_table(args.json_out, doc, markdown(doc))
         plot(doc, args.plot or args.json_out.with_suffix(".png"))
     print(f"[cluster] done in {doc['total_wall_s']:.0f} s")
     return 0 if doc["state"] == "succeeded" else 1

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from benchmarks.outputs import write_whole
 from benchmarks.paper.acceptance import acceptance
 from benchmarks.paper.cells import (
     ABLATION_PROTOCOL,
@@ -266,7 +267,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
         "notes": notes(),
     }
     json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(doc, indent=2))
+    write_whole(json_out, json.dumps(doc, indent=2))
     stem = json_out.with_suffix("")
     write_markdown(stem.with_suffix(".md"), doc)
     plot_phases(Path(f"{stem}_phases.png"), results)

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from benchmarks.outputs import write_whole
 from benchmarks.paper.cells import A_RATIO, METHOD_COLOURS, METHODS, TORCH_ONE_BUCKET_MB
 
 # --------------------------------------------------------------------------- reports
@@ -52,7 +53,7 @@ def write_markdown(path: Path, doc: Mapping[str, Any]) -> None:
     if doc.get("ablations"):
         lines += ["## Ablations", "", results_table(doc["ablations"], ablation=True), ""]
     lines += ["## Notes", "", *[f"- {n}" for n in doc["notes"]], ""]
-    path.write_text("\n".join(lines))
+    write_whole(path, "\n".join(lines))
 
 
 def pass_fail(ok: bool) -> str:

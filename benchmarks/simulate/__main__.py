@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from benchmarks.outputs import write_whole
 from benchmarks.repo import REPO_ROOT
 from benchmarks.simulate.model import TOPK_RATIO
 from benchmarks.simulate.report import explain, plot, write_markdown
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(result, indent=2))
+    write_whole(args.json_out, json.dumps(result, indent=2))
     write_markdown(args.json_out.with_suffix(".md"), result)
     plot(args.json_out.with_name(args.json_out.stem + "_scale.png"), scale)
     if summary.get("runs"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from benchmarks.outputs import write_whole
 from benchmarks.simulate.model import METHODS, method_spec
 from benchmarks.simulate.scale import GPU_COMPUTE, NETWORKS, network_link
 
@@ -58,7 +59,7 @@ def write_markdown(path: Path, result: Mapping[str, Any]) -> None:
     for (model, net, n), times in grid.items():
         lines.append(f"| {model} | {net} | {n} | " + " | ".join(f"{times[m]:.3f}" for m in METHODS) + " |")
     lines += ["", "## Assumptions", ""] + [f"- {a}" for a in result["assumptions"]] + [""]
-    path.write_text("\n".join(lines))
+    write_whole(path, "\n".join(lines))
 
 
 def plot(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
