@@ -73,8 +73,8 @@ DEFAULT_TRACE = "25:300,1:120,25:300,1:120,25:300"
 ALLOWED = ("none", "acpsgd", "powersgd", "topk", "signsgd")
 #: With a GPU check (``--gpu-check``) every codec is measured on the GPU, the casts too.
 ALLOWED_MEASURED = ALLOWED + CASTS
-METHOD_OF = {"none": "ssgd", "fp16": "fp16", "bf16": "bf16", "acpsgd": "acpsgd", "powersgd": "powersgd",
-             "topk": "topk", "signsgd": "signsgd"}
+#: The simulator's method for each compressor: its own name, but uncompressed is ``ssgd``.
+METHOD_OF = {name: ("ssgd" if name == "none" else name) for name in ALLOWED_MEASURED}
 REPORT_EVERY_S = 2.0
 #: A run that needs more than this many times the target's steps counts as never reaching it.
 MAX_STEPS_OVER_TARGET = 20
