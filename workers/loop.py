@@ -91,7 +91,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
         # 4. agree on the compressor (and a probe) at the same step on every rank
         if agreement.due(step):
             decision, link_request = agreement.exchange(step, reporter.proposal(), reporter.link_request())
-            reporter.quality.exchange(agreement.group)
+            reporter.exchange(agreement.group)
             if decision is not None:
                 record.applied.append({"step": step, "version": decision.version,
                                        "compressor": decision.compressor, "params": decision.params})

@@ -8,7 +8,6 @@ compute, so :class:`PassiveBandwidth` is a fallback and a trend signal; the acti
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,12 +30,11 @@ class PassiveBandwidth:
     Observations smaller than ``min_bytes``, on one worker, or not slower than the latency
     term are ignored: their time is latency and noise, not bandwidth.
 
-    ``min_of_last`` > 1 filters before averaging: the smallest β of the last that many usable
-    observations enters the average. A collective's time on one rank includes waiting for
-    peers that start it later (a straggler, a busy CPU); that wait is never negative and is
-    zero whenever this rank is the last to arrive, so the smallest of a few consecutive
-    observations is the transfer itself. A real drop raises every observation, so it shows
-    after ``min_of_last - 1`` more of them.
+    Filtering a rank's waits out is the caller's: a collective's time on one rank includes
+    waiting for peers that start it later (a straggler, a busy CPU); that wait is never
+    negative and is zero on the rank that arrives last, so the smallest :meth:`sample` of a
+    cycle's steps over every rank is the transfer itself (``workers.reporter.Reporter.exchange``
+    folds that one).
     """
 
     smoothing: float = 0.2
@@ -45,15 +43,10 @@ class PassiveBandwidth:
     beta_s_per_byte: float | None = None
     anchor_bandwidth: float | None = None
     observations: int = field(default=0)
-    min_of_last: int = 1
-    _recent: deque[float] = field(default_factory=deque, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"smoothing: must be in (0, 1], got {self.smoothing}")
-        if self.min_of_last < 1:
-            raise ValueError(f"min_of_last: must be >= 1, got {self.min_of_last}")
-        self._recent = deque(self._recent, maxlen=self.min_of_last)
 
     def anchor(self, estimate: LinkEstimate) -> None:
         """Take α (and the reference bandwidth for :meth:`trend`) from an active probe."""
@@ -64,33 +57,30 @@ class PassiveBandwidth:
     def observe(self, nbytes: float, seconds: float, kind: CollectiveKind = "all_reduce",
                 world_size: int = 2) -> bool:
         """Fold one collective's timing in; return whether it was used."""
-        if world_size < 2 or nbytes < self.min_bytes or seconds <= 0:
-            return False
-        sample = implied_beta(kind, world_size, self.alpha_s, nbytes, seconds)
+        sample = self.sample(nbytes, seconds, kind, world_size)
         if sample is None:
             return False
-        self._recent.append(sample)
-        beta = min(self._recent)
-        prev = self.beta_s_per_byte
-        self.beta_s_per_byte = beta if prev is None else prev + self.smoothing * (beta - prev)
-        self.observations += 1
+        self.fold(sample)
         return True
 
-    def observe_aligned(self, nbytes: float, seconds: float, kind: CollectiveKind = "all_reduce",
-                        world_size: int = 2) -> bool:
-        """Fold in a collective that a barrier lined the ranks up for (a recovery check,
-        :func:`workers.probe.check_link`); return whether it was used.
+    def sample(self, nbytes: float, seconds: float, kind: CollectiveKind = "all_reduce",
+               world_size: int = 2) -> float | None:
+        """The β (seconds per byte) one collective's timing implies, or None where it says
+        nothing of the bandwidth (too small, one worker, within the latency term)."""
+        if world_size < 2 or nbytes < self.min_bytes or seconds <= 0:
+            return None
+        return implied_beta(kind, world_size, self.alpha_s, nbytes, seconds)
 
-        Its time has no wait for a late peer in it, so it needs no filter: it replaces the
-        window of recent observations (whose smallest would otherwise hide a drop behind the
-        faster steps timed before the estimate went blind) and enters the average directly.
-        """
-        recent = list(self._recent)
-        self._recent.clear()
-        if self.observe(nbytes, seconds, kind, world_size):
-            return True
-        self._recent.extend(recent)
-        return False
+    def fold(self, sample: float, timings: int = 1) -> None:
+        """Fold one β sample (from :meth:`sample`, here or on another rank) into the average,
+        weighted as ``timings`` of them (the smallest of a cycle's stands for the cycle: it
+        moves the average as far as that many equal samples folded one by one would)."""
+        if timings < 1:
+            raise ValueError(f"timings: must be >= 1, got {timings}")
+        prev = self.beta_s_per_byte
+        weight = 1 - (1 - self.smoothing) ** timings
+        self.beta_s_per_byte = sample if prev is None else prev + weight * (sample - prev)
+        self.observations += 1
 
     @property
     def bytes_per_second(self) -> float | None:

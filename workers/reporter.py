@@ -1,6 +1,7 @@
 """Rank 0's reporter: link estimates, phase means, the model profile, and the decision proposal.
 
-After every step it feeds the passive bandwidth estimate from the hook's own timings; every
+After every step each rank keeps the passive bandwidth sample of the hook's own timings, and
+at each decision exchange rank 0 takes the group's smallest (:meth:`Reporter.exchange`); every
 ``probing.report_interval_s`` it builds one :class:`~planning.protocol.Telemetry` and hands it
 to the decision source and the sinks (the coordinator, the live progress). It also says when
 the link is to be measured, within the job's probe budget (:meth:`Reporter.link_request`,
@@ -17,6 +18,7 @@ import uuid
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from compressors import GradientSync
 from planning import registry
@@ -47,9 +49,8 @@ from workers.quality import QualitySignal
 from workers.scripted import ScriptedDecisions
 from workers.timing import StepTimer
 
-#: Rank 0's passive bandwidth estimate takes the fastest of this many consecutive steps'
-#: collectives: the others include waiting for the peer (see PassiveBandwidth.min_of_last).
-PASSIVE_MIN_OF_LAST = 4
+#: Rank 0's passive estimate is blind after this many steps in a row sent too little to time.
+BLIND_AFTER_STEPS = 4
 
 
 class Reporter:
@@ -65,7 +66,11 @@ class Reporter:
         #: Samples per step on one rank; a user's loop (workers.session) sets it from its batches.
         self.batch_size = cfg.data.batch_size
         self.estimate = LinkEstimate.no_link()
-        self.passive = PassiveBandwidth(min_of_last=PASSIVE_MIN_OF_LAST)
+        self.passive = PassiveBandwidth()
+        #: The smallest β this rank's collectives implied since the last decision exchange
+        #: (every rank keeps one; :meth:`exchange` gives rank 0 the group's smallest).
+        self._cycle_beta: float | None = None
+        self._cycle_timings = 0
         #: Rank 0's steps in a row that sent too little for the passive estimate to time,
         #: counted from the last probe.
         self._steps_unseen = 0
@@ -95,7 +100,7 @@ class Reporter:
             # A fresh probe supersedes the passive history: restart the average from the
             # probe's β, else bandwidth() would keep reporting the passive value from before
             # (for ever, while the compressor sends payloads too small to observe).
-            self.passive = PassiveBandwidth(beta_s_per_byte=estimate.beta_s_per_byte, min_of_last=PASSIVE_MIN_OF_LAST)
+            self.passive = PassiveBandwidth(beta_s_per_byte=estimate.beta_s_per_byte)
             self.passive.anchor(estimate)
             self._steps_unseen = 0
             self._fastest_bps = max(self._fastest_bps, estimate.bandwidth_bytes_per_second)
@@ -137,11 +142,35 @@ class Reporter:
         return None
 
     def passive_blind(self) -> bool:
-        """Whether the last ``PASSIVE_MIN_OF_LAST`` steps (the passive estimate takes the
-        fastest of that many) all sent too little to time: the compressor's payloads are
-        small, so the reading is whatever the last probe or timed step said. A step that sent
-        enough but finished within the latency term is not blind: the link was fast."""
-        return self.estimate.has_link and self._steps_unseen >= PASSIVE_MIN_OF_LAST
+        """Whether the last ``BLIND_AFTER_STEPS`` steps all sent too little to time: the
+        compressor's payloads are small, so the reading is whatever the last probe or timed
+        step said. A step that sent enough but finished within the latency term is not blind:
+        the link was fast."""
+        return self.estimate.has_link and self._steps_unseen >= BLIND_AFTER_STEPS
+
+    def exchange(self, group: Any = None) -> None:
+        """Every rank, at the decision exchange (a collective): the quality signal's group
+        figures, and the passive link sample of the cycle -- the smallest β any rank's
+        collectives implied since the last exchange, which rank 0 folds into its reading.
+
+        Why every rank's: a collective's time on one rank includes waiting for the peers that
+        start it later, and is the transfer alone on the rank that arrives last. Timed on rank
+        0 alone, the reading followed whichever rank was slower: on the testbed's 1 Gbit/s link
+        it fell to 41-60 Mbit/s while fp16 ran (rank 0's exposed communication 40-50 ms a step,
+        its forward 35 ms shorter than its peer's), a link the policy then priced as slow.
+        The smallest over the cycle's steps and the ranks is the last arrival's, the transfer;
+        it moves the average as far as rank 0's timings of the cycle would have one by one (at
+        one fold per cycle with the per-step weight, the reading had followed the testbed's
+        drop to 20 Mbit/s no lower than ~78 Mbit/s in 10 steps).
+        """
+        self.quality.exchange(group)
+        if self.env.world_size == 1:
+            return
+        smallest = torch.tensor([math.inf if self._cycle_beta is None else self._cycle_beta], dtype=torch.float64)
+        dist.all_reduce(smallest, op=dist.ReduceOp.MIN, group=group)
+        timings, self._cycle_beta, self._cycle_timings = self._cycle_timings, None, 0
+        if self.env.rank == 0 and math.isfinite(float(smallest)):
+            self.passive.fold(float(smallest), max(1, timings))
 
     def measure_link(self, request: LinkRequest | None, process_group: Any = None) -> None:
         """Every rank: carry out rank 0's ``request`` (the agreement gave it to all).
@@ -150,8 +179,8 @@ class Reporter:
         once by a probe sized to the rate the check implies, outside the budget's wait (it
         counts towards it): the decision to switch back waits on that reading. The check's
         inputs are the same on every rank, so every rank probes or none does. Any other check
-        is a timed collective like the hook's own, and the passive estimate takes it
-        (:meth:`~workers.passive_bandwidth.PassiveBandwidth.observe_aligned`): a link slower
+        is a barrier-aligned timed collective (no wait for a peer in it), and rank 0's passive
+        estimate takes it (:meth:`~workers.passive_bandwidth.PassiveBandwidth.observe`): a link slower
         than the reading lowers it, so the next check is sized and budgeted for that rate
         (else a check sized to 20 ms at a stale fast reading costs ~0.4 s on a 50 Mbit/s link,
         each time).
@@ -163,7 +192,7 @@ class Reporter:
             check = check_link(process_group, request.nbytes)
             self.scheduler.record_check(time.monotonic() - self.started, check.cost_s)
             if not link_rose(self.estimate, check, request.reading_bps):
-                self.passive.observe_aligned(check.nbytes, check.seconds, "all_reduce", self.env.world_size)
+                self.passive.observe(check.nbytes, check.seconds, "all_reduce", self.env.world_size)
                 return
             large = sized_probe(implied_bandwidth(self.estimate, check))[1]
         self.link(probe_link(process_group, sizes=(DEFAULT_SIZES[0], large),
@@ -192,13 +221,16 @@ class Reporter:
 
     def after_step(self, step: int, loss: float, timer: StepTimer, model: torch.nn.Module) -> None:
         last = self.sync.last_step()
+        if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
+            kind = registry.codec(self.sync.compressor.name).collective
+            sample = self.passive.sample(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
+            if sample is not None:
+                self._cycle_beta = sample if self._cycle_beta is None else min(self._cycle_beta, sample)
+                self._cycle_timings += 1
         if self.env.rank != 0:
             return
         self.quality.after_step(self._estimates_can_matter)
         timeable = last is not None and last.bytes_sent >= self.passive.min_bytes
-        if last is not None and last.communicate_s > 0 and self.env.world_size > 1:
-            kind = registry.codec(self.sync.compressor.name).collective
-            self.passive.observe(last.bytes_sent, last.communicate_s, kind, self.env.world_size)
         self._steps_unseen = 0 if timeable else self._steps_unseen + 1
         now = time.monotonic()
         if isinstance(self.source, ScriptedDecisions):

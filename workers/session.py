@@ -181,7 +181,7 @@ class TrainingSession:
 
     def _agree(self, step: int) -> None:
         decision, link_request = self.agreement.exchange(step, self.reporter.proposal(), self.reporter.link_request())
-        self.reporter.quality.exchange(self.agreement.group)
+        self.reporter.exchange(self.agreement.group)
         if decision is not None:
             spec = make_spec(decision.compressor, **decision.params)
             if spec != self.sync.compressor.spec:

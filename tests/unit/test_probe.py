@@ -335,24 +335,29 @@ def test_passive_ewma_follows_a_drop_and_signals_the_trend() -> None:
     assert est.trend() == pytest.approx(0.1, rel=0.01)
 
 
-def test_an_aligned_timing_is_not_hidden_behind_the_faster_steps_before_it() -> None:
-    """Four steps timed at 1000 Mbit/s, then blind; a barrier-aligned check at 50 Mbit/s.
-    Through the min-of-4 filter the check would vanish (the smallest β is the old steps');
-    aligned, it enters the average at once. A check too small to time changes nothing."""
+def test_a_sample_is_a_timings_time_per_byte_and_only_a_fold_moves_the_reading() -> None:
+    """Every rank samples its own collectives; what enters the reading is the group's smallest
+    sample, folded on rank 0 (``workers.reporter.Reporter.exchange``)."""
     n, nbytes, fast, slow = 2, 1 << 20, 1000 * MB / 8, 50 * MB / 8
-    filtered, aligned = (PassiveBandwidth(smoothing=0.2, min_of_last=4) for _ in range(2))
-    for est in (filtered, aligned):
-        for _ in range(4):
-            est.observe(nbytes, nbytes / fast, "all_reduce", n)
-    filtered.observe(nbytes, nbytes / slow, "all_reduce", n)
-    assert filtered.bytes_per_second == pytest.approx(fast)
-    assert aligned.observe_aligned(nbytes, nbytes / slow, "all_reduce", n)
-    beta = 1 / fast + 0.2 * (1 / slow - 1 / fast)
-    assert aligned.bytes_per_second == pytest.approx(1 / beta)  # 1000 -> ~208 Mbit/s after one check
-    assert not aligned.observe_aligned(1024, 1.0, "all_reduce", n)
-    assert aligned.bytes_per_second == pytest.approx(1 / beta)
-    aligned.observe(nbytes, nbytes / slow, "all_reduce", n)  # the window holds the check, not the old steps
-    assert aligned.bytes_per_second < 1 / beta
+    est = PassiveBandwidth(smoothing=0.2)
+    sample = est.sample(nbytes, nbytes / fast, "all_reduce", n)
+    assert sample == pytest.approx(1 / fast)
+    assert est.sample(1024, 1.0, "all_reduce", n) is None  # too small: latency and noise
+    assert est.sample(nbytes, 1.0, "all_reduce", 1) is None  # one worker: no link
+    assert est.bytes_per_second is None and est.observations == 0
+    est.fold(sample)
+    assert est.bytes_per_second == pytest.approx(fast)
+    est.fold(1 / slow)
+    assert est.bytes_per_second == pytest.approx(1 / (1 / fast + 0.2 * (1 / slow - 1 / fast)))
+    assert est.observations == 2
+    # A cycle's smallest stands for its timings: folded as 3, as far as 3 equal samples.
+    one_by_one, at_once = PassiveBandwidth(beta_s_per_byte=1 / fast), PassiveBandwidth(beta_s_per_byte=1 / fast)
+    for _ in range(3):
+        one_by_one.fold(1 / slow)
+    at_once.fold(1 / slow, timings=3)
+    assert at_once.bytes_per_second == pytest.approx(one_by_one.bytes_per_second)
+    with pytest.raises(ValueError, match="timings"):
+        at_once.fold(1 / slow, timings=0)
 
 
 def test_passive_averages_time_per_byte_not_bandwidth() -> None:
