@@ -58,6 +58,31 @@ class Level(Stretch):
 
     #: Whether the policy would compress (a lossy compressor) at the link as it stood.
     lossy: bool = field(kw_only=True)
+    #: The mean of the log of the averaged bandwidth over the level's reports, and their count:
+    #: the level's typical rate (:attr:`typical`).
+    log_mean: float = field(kw_only=True)
+    reports: int = field(kw_only=True, default=1)
+
+    @property
+    def typical(self) -> float:
+        """Bytes/s: the geometric mean of the averaged bandwidth over the level's reports.
+
+        Why not the anchor for an uncompressed level: a level begins at the first report of
+        its side, and when the link comes back that report is part-way up the averaged
+        reading's climb. On the benchmark's oscillating link the rise from 50 Mbit/s began a
+        level at 171 Mbit/s and the reading went on to 2 Gbit/s within 0.7 s; anchored at 171,
+        less than the separation (4x) above the slow level's 48 Mbit/s, the level ended the
+        mix at once and kept it off for the rest of the window, and the policy followed the
+        phases again (session 25, two of two kept runs). The mean of the level's reports
+        climbs with the reading (285 Mbit/s after three reports there)."""
+        return math.exp(self.log_mean)
+
+    def with_report(self, bandwidth: float, lossy: bool) -> "Level":
+        """The level with one more report at ``bandwidth`` (the latest average) and that side."""
+        reports = self.reports + 1
+        log_mean = self.log_mean + (math.log(bandwidth) - self.log_mean) / reports
+        return Level(self.since, self.since_step, self.anchor, bandwidth, lossy=lossy, log_mean=log_mean,
+                     reports=reports)
 
 
 #: Levels or stretches, oldest first; the last is the one in progress.
@@ -111,7 +136,7 @@ def record_level(history: LevelHistory, bandwidth: float | None, lossy: bool, no
     if bandwidth is None or not math.isfinite(bandwidth):
         return ()
     if not history:
-        return (Level(now, step, bandwidth, bandwidth, lossy=lossy),)
+        return (_new_level(now, step, bandwidth, lossy),)
     last = history[-1]
     moved = _moved(last.anchor, bandwidth, shift_factor)
     before = history[-2] if len(history) > 1 else None
@@ -122,12 +147,16 @@ def record_level(history: LevelHistory, bandwidth: float | None, lossy: bool, no
         # policy trying a choice on it, not the link; it is undone. (Not when the link has
         # moved from the earlier level: that level's anchor would then be stale, and every
         # later change of side at this bandwidth would read as a move.)
-        history = history[:-2] + (Level(before.since, before.since_step, before.anchor, bandwidth, lossy=lossy),)
+        history = history[:-2] + (before.with_report(bandwidth, lossy),)
     elif last.lossy == lossy or not moved:
-        history = history[:-1] + (Level(last.since, last.since_step, last.anchor, bandwidth, lossy=lossy),)
+        history = history[:-1] + (last.with_report(bandwidth, lossy),)
     else:
-        history = history + (Level(now, step, bandwidth, bandwidth, lossy=lossy),)
+        history = history + (_new_level(now, step, bandwidth, lossy),)
     return _trim(history, now, keep_s)
+
+
+def _new_level(now: float, step: int | None, bandwidth: float, lossy: bool) -> Level:
+    return Level(now, step, bandwidth, bandwidth, lossy=lossy, log_mean=math.log(bandwidth))
 
 
 def record_stretch(history: StretchHistory, bandwidth: float | None, now: float, step: int | None,
@@ -156,9 +185,11 @@ def level_mix(levels: LevelHistory, stretches: StretchHistory, now: float, step:
     ends once a whole window passed without a change. The histories must reach back
     ``min_shifts · window_s`` for it (the caller's ``keep_s``).
 
-    And every uncompressed level in the span must have begun at least ``separation`` times as
-    fast as every lossy one (their anchors): a link that truly swings between a level that calls for compression and
-    one that does not. Why: in fast-slow-fast the fast link's averaged reading dipped 2.4x
+    And every uncompressed level in the span must run, typically (:attr:`Level.typical`: the
+    geometric mean of its reports), at least ``separation`` times as fast as every lossy one
+    began (their anchors): a link that truly swings between a level that calls for compression and
+    one that does not. (A lossy level by where it began: compressing, the workers see the link
+    come back only at a probe, so a lossy level's later reports can lie at either rate.) Why: in fast-slow-fast the fast link's averaged reading dipped 2.4x
     (1336 to 548 Mbit/s) in its first phase, the policy tried a lossy compressor on an
     estimate there and went back as the reading recovered, and with the drop that followed
     three changes read as oscillating; the mix then held compression for a window after the
@@ -186,7 +217,7 @@ def level_mix(levels: LevelHistory, stretches: StretchHistory, now: float, step:
     level_ends = [level.since for level in levels[1:]] + [now]
     in_span = [level for level, end in zip(levels, level_ends) if end >= start]
     lossy = [level.anchor for level in in_span if level.lossy]
-    plain = [level.anchor for level in in_span if not level.lossy]
+    plain = [level.typical for level in in_span if not level.lossy]
     if lossy and plain and min(plain) < separation * max(lossy):
         return None
     ends = [(stretch.since, stretch.since_step) for stretch in stretches[1:]] + [(now, step)]

@@ -163,6 +163,28 @@ def test_levels_on_the_two_sides_closer_than_the_separation_are_no_oscillation()
     assert level_mix(levels, stretches, 8.0, 160, 8.0, 3, 2.0) is not None
 
 
+def test_an_uncompressed_level_begun_part_way_up_the_readings_climb_is_judged_by_its_reports() -> None:
+    """The benchmark's oscillating link as rank 0 read it (session 25): the averaged reading
+    at 1.5 Gbit/s, 48 Mbit/s, 1.5 Gbit/s, 48 Mbit/s, then climbing back through 171 and 798
+    Mbit/s to 2 Gbit/s. The last level began at 171 Mbit/s, less than the separation (4x)
+    above the slow levels; its reports' mean passes it after three reports and the mix holds."""
+    levels, stretches = (), ()
+    trace = [(0.0, 1.5e9, False), (1.0, 48e6, True), (2.0, 1.5e9, False), (3.0, 48e6, True), (4.0, 171e6, False),
+             (4.1, 171e6, False)]
+    for t, bits, lossy in trace:
+        levels = record_level(levels, bits / 8, lossy, t, int(20 * t), 2.0, 100.0)
+        stretches = record_stretch(stretches, bits / 8, t, int(20 * t), 2.0, 100.0)
+    assert len(levels) == 5 and levels[-1].anchor == 171e6 / 8
+    assert level_mix(levels, stretches, 4.1, 82, 8.0, 3, 4.0) is None  # two reports at 171: not yet apart
+    for t, bits in ((4.2, 798e6), (4.3, 2e9)):
+        levels = record_level(levels, bits / 8, False, t, int(20 * t), 2.0, 100.0)
+        stretches = record_stretch(stretches, bits / 8, t, int(20 * t), 2.0, 100.0)
+    assert len(levels) == 5 and levels[-1].anchor == 171e6 / 8  # still the level begun at 171
+    assert levels[-1].typical == pytest.approx((171e6 * 171e6 * 798e6 * 2e9) ** 0.25 / 8)
+    mix = level_mix(levels, stretches, 4.3, 86, 8.0, 3, 4.0)
+    assert mix is not None and mix.shifts == 4
+
+
 def oscillating(step: int) -> float:
     """The benchmark's oscillating link, by the work done: 40 steps fast, 20 slow, repeated."""
     return MBIT50 if step % 60 >= 40 else GBIT10
