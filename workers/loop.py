@@ -69,7 +69,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     first = make_spec(cfg.compression.compressor, **cfg.compression.compressor_params())
     sync = GradientSync(from_spec(first), pipelining=cfg.compression.pipelining).install(ddp)
     control_group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
-    agreement = SwitchAgreement(cfg.compression.sync_every, group=control_group)
+    agreement = SwitchAgreement.for_job(cfg.compression, group=control_group)
 
     start_step, resumed_decision = resume(env, model, optimizer, scheduler, sync)
     agreement.version = resumed_decision.version if resumed_decision else 0
@@ -91,7 +91,8 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
         # 4. agree on the compressor (and a probe) at the same step on every rank
         if agreement.due(step):
             decision, link_request = agreement.exchange(step, reporter.proposal(), reporter.link_request())
-            reporter.exchange(agreement.group)
+            if agreement.regular(step):
+                reporter.exchange(agreement.group)
             if decision is not None:
                 record.applied.append({"step": step, "version": decision.version,
                                        "compressor": decision.compressor, "params": decision.params})

@@ -109,8 +109,8 @@ class TrainingSession:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.source, self.steps = source, steps
         self.timer = StepTimer(device)
-        self.agreement = SwitchAgreement(cfg.compression.sync_every, group=dist.new_group(backend="gloo")
-                                         if dist.get_backend() != "gloo" else None)
+        self.agreement = SwitchAgreement.for_job(cfg.compression, group=dist.new_group(backend="gloo")
+                                                 if dist.get_backend() != "gloo" else None)
         self.agreement.version = 0
         self.reporter = Reporter(cfg, _Where(self.rank, self.world_size, device), sync, source, sinks, steps)  # type: ignore[arg-type]
         self.step_index = 0
@@ -181,7 +181,8 @@ class TrainingSession:
 
     def _agree(self, step: int) -> None:
         decision, link_request = self.agreement.exchange(step, self.reporter.proposal(), self.reporter.link_request())
-        self.reporter.exchange(self.agreement.group)
+        if self.agreement.regular(step):
+            self.reporter.exchange(self.agreement.group)
         if decision is not None:
             spec = make_spec(decision.compressor, **decision.params)
             if spec != self.sync.compressor.spec:

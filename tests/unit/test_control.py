@@ -78,6 +78,20 @@ def test_switch_agreement_is_due_every_sync_every_steps():
     assert [s for s in range(13) if agreement.due(s)] == [0, 4, 8, 12]
 
 
+def test_an_adaptive_jobs_agreement_is_due_at_every_step_until_its_first_decision_applies():
+    """Eager for the first two cycles while the initial choice is in force (version 0); back to
+    every ``sync_every`` steps once a decision is applied, or after those cycles. Fixed: never eager."""
+    adaptive = SwitchAgreement.for_job(CompressionConfig(mode="adaptive", sync_every=4), group=None)
+    adaptive.version = 0
+    assert [s for s in range(13) if adaptive.due(s)] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 12]
+    assert [s for s in range(13) if adaptive.regular(s)] == [0, 4, 8, 12]
+    adaptive.version = 1  # the policy's first decision applied
+    assert [s for s in range(13) if adaptive.due(s)] == [0, 4, 8, 12]
+    fixed = SwitchAgreement.for_job(CompressionConfig(mode="fixed", compressor="fp16", sync_every=4), group=None)
+    fixed.version = 0
+    assert [s for s in range(13) if fixed.due(s)] == [0, 4, 8, 12]
+
+
 # --------------------------------------------------------------------------- CoordinatorClient
 
 
