@@ -162,6 +162,10 @@ class AdaptiveController:
         returns the new decision when the policy switches, else None."""
         profile = telemetry.profile or profile
         if profile is not None and profile != self._profile:
+            if self._profile is not None:
+                # Measured again (``workers.reporter.profile_stale``): the step corrections were
+                # residuals against the old profile's predictions.
+                self.state = dataclasses.replace(self.state, corrections=())
             self._profile, self._step_profile = profile, step_profile(profile, self._candidates)
         if self.pinned:
             self.last_reason = "pinned"

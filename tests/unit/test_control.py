@@ -4,6 +4,7 @@ client against an unreachable URL and a real (stdlib) HTTP server, the in-proces
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -245,6 +246,41 @@ def test_in_process_policy_runs_once_it_has_a_profile_and_a_bandwidth():
     assert policy.evaluations == 4
     assert policy.last_reason and not policy.last_reason.startswith("waiting")
     assert isinstance(policy.current(), Decision)
+
+
+def test_a_profile_is_measured_again_when_the_forward_pass_drifts_from_it():
+    """The testbed run of session 25: profiled at forward 0.19 s on a busy machine, then 0.10 s."""
+    from workers.reporter import PROFILE_RECHECK_STEPS, profile_stale
+
+    busy = PROFILE.model_copy(update={"forward_s": 0.19, "backward_s": 0.18})
+    assert not profile_stale(None, {"forward": 0.10}, 50)  # nothing sent yet: the first profile is not a re-check
+    assert not profile_stale(busy, {"forward": 0.10}, PROFILE_RECHECK_STEPS - 1)  # too few steps to judge
+    assert profile_stale(busy, {"forward": 0.10}, PROFILE_RECHECK_STEPS)
+    assert not profile_stale(busy, {"forward": 0.15}, 50)  # within 30 %
+    assert profile_stale(busy, {"forward": 0.26}, 50)  # slower too
+
+
+def test_a_new_profile_reprices_the_candidates_and_drops_the_step_corrections():
+    """A profile from busy first steps prices compression barely ahead of ``none`` on a slow link
+    (its 0.25 s all-reduce hides behind a backward of 0.30 s, 0.10 s in truth); the profile measured again
+    makes the same report a switch, and the residuals against the old one are dropped."""
+    from planning.controller import AdaptiveController
+
+    shapes = [[64, 3, 3, 3], [64], [128, 64, 3, 3], [128], [10, 8192], [10]]  # 0.63 MB of gradients
+    busy = ModelProfile(shapes=shapes, buckets=[[5, 4], [3, 2, 1, 0]], forward_s=0.19, backward_s=0.30,
+                        optimizer_s=0.001)
+    quiet = busy.model_copy(update={"forward_s": 0.10, "backward_s": 0.10})
+    slow_link = {"bandwidth_bytes_per_second": 20e6 / 8, "latency_seconds": 1e-3, "grad_norm": 1.0,
+                 "compressor": "none", "compressor_rank": None, "world_size": 2}
+    ctl = AdaptiveController(CompressionConfig(mode="adaptive", compressor="none", min_dwell_s=0.0,
+                                               allowed=["none", "powersgd"], min_rank=4, max_rank=4))
+    ctl.state = dataclasses.replace(ctl.state, corrections=(("none", 0.05),))
+    report = telemetry(200).model_copy(update={**slow_link, "profile": busy})
+    assert ctl.observe(report, 0.0) is None, ctl.last_reason
+    assert ctl.state.corrections == (("none", 0.05),)
+    decision = ctl.observe(report.model_copy(update={"step": 201, "profile": quiet}), 1.0)
+    assert ctl.state.corrections == ()
+    assert decision is not None and decision.compressor == "powersgd", ctl.last_reason
 
 
 def test_the_jobs_hysteresis_settings_reach_the_policy():
