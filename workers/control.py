@@ -245,7 +245,9 @@ class SwitchAgreement:
     #: (``none``, 0.12 s a step there against PowerSGD r4's 0.03 s) ran steps 4 and 5 for
     #: nothing, and those first five steps were the whole of the adaptive run's 0.37 s gap to
     #: the fixed PowerSGD r4 at step 255 (its steps 5-255 took 1.01x the fixed run's; session 25).
-    #: The extra exchanges are a tiny broadcast each and end with the first decision.
+    #: The extra exchanges are a tiny broadcast each, carry the decision alone (no link
+    #: request: the probes keep the schedule of the regular exchanges) and end with the first
+    #: decision.
     eager_until: int = 0
 
     @classmethod

@@ -90,8 +90,10 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     for step in range(start_step, total_steps):
         # 4. agree on the compressor (and a probe) at the same step on every rank
         if agreement.due(step):
-            decision, link_request = agreement.exchange(step, reporter.proposal(), reporter.link_request())
-            if agreement.regular(step):
+            regular = agreement.regular(step)  # else an early step's exchange: the decision alone
+            decision, link_request = agreement.exchange(step, reporter.proposal(),
+                                                        reporter.link_request() if regular else None)
+            if regular:
                 reporter.exchange(agreement.group)
             if decision is not None:
                 record.applied.append({"step": step, "version": decision.version,

@@ -250,7 +250,12 @@ class Reporter:
         spec = self.sync.compressor.spec
         bandwidth, latency = self.bandwidth()
         profile = None
-        if len(timer.recent) >= 3 and (not self.profile_sent or profile_stale(self.model_profile, means, len(timer.recent))):
+        # Measured again only while a choice without a codec in the hook runs (none, a cast):
+        # backward's wall time holds the hook's work, and a lossy codec's would then be
+        # counted twice, in the profile's backward and in the cost model's codec time.
+        recheck = registry.codec(spec.name).known_error is not None
+        if len(timer.recent) >= 3 and (not self.profile_sent or
+                                       (recheck and profile_stale(self.model_profile, means, len(timer.recent)))):
             profile = self.model_profile = self._profile(model, means)
             self._cost_profile = None
             self.profile_sent = True

@@ -180,8 +180,10 @@ class TrainingSession:
         self._begin("data")
 
     def _agree(self, step: int) -> None:
-        decision, link_request = self.agreement.exchange(step, self.reporter.proposal(), self.reporter.link_request())
-        if self.agreement.regular(step):
+        regular = self.agreement.regular(step)  # else an early step's exchange: the decision alone
+        decision, link_request = self.agreement.exchange(step, self.reporter.proposal(),
+                                                         self.reporter.link_request() if regular else None)
+        if regular:
             self.reporter.exchange(self.agreement.group)
         if decision is not None:
             spec = make_spec(decision.compressor, **decision.params)
