@@ -73,6 +73,30 @@ def test_a_probe_cut_short_is_cut_short_on_every_rank_alike(warmup: bool) -> Non
     assert est.probe_bytes == 256 * 1024 and 0 < est.bandwidth_bytes_per_second < math.inf
 
 
+def _pieces_rank(rank: int, world_size: int) -> dict:
+    import torch
+
+    from workers.probe import _drain_in_pieces
+
+    message = torch.ones(1024 * 1024)  # 4 MiB: four pieces of 1 MiB
+    first, first_s, first_spent = _drain_in_pieces(message, None, torch.device("cpu"), 0.0)
+    whole, last_s, spent = _drain_in_pieces(message, None, torch.device("cpu"), math.inf)
+    small, _, _ = _drain_in_pieces(torch.ones(1024), None, torch.device("cpu"), math.inf)
+    return {"first": first.numel(), "first_s": first_s, "first_spent": first_spent, "last": whole.numel(),
+            "last_s": last_s, "spent": spent, "small": small.numel()}
+
+
+def test_a_large_warm_up_goes_in_pieces_and_stops_after_the_one_past_the_limit() -> None:
+    """A drop during the probe's large warm-up stops it after the piece that met it: with no
+    time allowed, one piece of four; with all the time, the four; every rank alike (each
+    piece's time is the slowest rank's). A message no larger than the pilot is one piece."""
+    first, second = run_ranks(_pieces_rank, 2, timeout=120)
+    assert first == second
+    assert first["first"] == 256 * 1024 and first["first_spent"] == first["first_s"] > 0
+    assert first["last"] == 256 * 1024 and first["spent"] > first["last_s"] > 0
+    assert first["small"] == 1024
+
+
 def _wake_rank(rank: int, world_size: int) -> dict:
     import torch
 
