@@ -118,11 +118,15 @@ def test_without_a_coordinator_the_adaptive_policy_runs_in_process(ray_session, 
         ray.kill(sink)
 
     # the policy had what it decides from: a calibrated model profile and a bandwidth ...
+    # (measured again if the forward pass drifted 30 % from it while none or a cast ran:
+    # workers.reporter.profile_stale; the codecs are calibrated once)
     profiles = [r["profile"] for r in reports if r.get("profile")]
-    assert len(profiles) == 1
-    assert set(profiles[0]["codec_s"]) >= {"none", "fp16", "signsgd", "powersgd-r4", "acpsgd-r4"}
-    assert all(v > 0 for v in profiles[0]["codec_s"].values())
-    assert profiles[0]["shapes"] == [list(s) for s in model_shapes()]
+    assert profiles
+    for profile in profiles:
+        assert set(profile["codec_s"]) >= {"none", "fp16", "signsgd", "powersgd-r4", "acpsgd-r4"}
+        assert all(v > 0 for v in profile["codec_s"].values())
+        assert profile["codec_s"] == profiles[0]["codec_s"]
+        assert profile["shapes"] == [list(s) for s in model_shapes()]
     assert all(r["bandwidth_bytes_per_second"] and r["bandwidth_bytes_per_second"] > 0 for r in reports)
     # ... and it decided on every report after the profile (keeping acpsgd is a valid outcome)
     after_profile = len(reports) - next(i for i, r in enumerate(reports) if r.get("profile"))
