@@ -10,12 +10,15 @@ Why checks: while a job compresses, its payloads are too small for the passive e
 time, so after a drop the reading stays at the slow rate until the next probe, and a probe
 priced at the slow rate comes seconds later. A check (one timed message,
 :func:`workers.probe.check_link`) costs a fraction of a probe, so the budget allows one a few
-times as often; one that sees the link come back calls for a probe at once.
+times as often, and while one could see a rise it stands in for the interval's probe
+(:meth:`ProbeScheduler.next_measurement`); one that sees the link come back calls for a probe
+at once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 #: Recovery checks may come this many times as often as probes (the budget still bounds them).
 CHECKS_PER_PROBE_INTERVAL = 4
@@ -69,6 +72,23 @@ class ProbeScheduler:
             return False
         cost = self.last_cost_s if expected_cost_s is None else expected_cost_s
         return self.total_cost_s + cost <= self.max_cost_fraction * elapsed_s
+
+    def next_measurement(self, now: float, elapsed_s: float, probe_cost_s: float,
+                         check_cost_s: float | None) -> Literal["probe", "check"] | None:
+        """What to measure of the link now, if anything.
+
+        ``check_cost_s`` is the expected cost of a recovery check where one could see
+        something (the caller's passive estimate is blind and the link may have risen), else
+        None. Where one could, a check stands in for the interval's probe: it re-measures the
+        link at a fraction of the cost (its timing moves the passive reading either way, and
+        one that sees a rise calls for a probe at once). Probes at the interval on a blind,
+        slow link had spent the budget a check needed: on the testbed, the start probe
+        (0.17 s) and two probes at 20 Mbit/s (0.12 s, 0.23 s) left no room for a check for 8 s
+        of the 10 s slow phase, and in one CI run none at all before the link came back.
+        """
+        if check_cost_s is None or self.last_probe_at is None:
+            return "probe" if self.due(now, elapsed_s, probe_cost_s) else None
+        return "check" if self.check_due(now, elapsed_s, check_cost_s) else None
 
     def record(self, now: float, cost_s: float) -> None:
         """Note that a probe finished at ``now`` after ``cost_s`` seconds."""

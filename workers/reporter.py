@@ -114,13 +114,13 @@ class Reporter:
         """Rank 0: what to measure of the link now, if anything.
 
         A probe when due, sized to the current estimate (:func:`workers.probe.sized_probe`),
-        so it costs about the same at any rate and fits the budget every few seconds. Else,
-        while the passive estimate is blind and the reading is at most half the fastest rate a
-        probe has measured this run (there is a rise to see), a recovery check of the same message size when
-        due (:meth:`~workers.probe_scheduler.ProbeScheduler.check_due`). Not at the fastest
-        reading: a check sized to 20 ms at 1000 Mbit/s costs ~0.45 s if the link has in fact
-        dropped to 50 (a fixed PowerSGD job in the oscillating scenario spent 6-8 % of its run
-        on such checks, over its 5 % budget).
+        so it costs about the same at any rate and fits the budget every few seconds. While
+        the passive estimate is blind and the reading is at most half the fastest rate a probe
+        has measured this run (there is a rise to see), a recovery check of the same message
+        size instead, when due (:meth:`~workers.probe_scheduler.ProbeScheduler.next_measurement`).
+        Not at the fastest reading: a check sized to 20 ms at 1000 Mbit/s costs ~0.45 s if the
+        link has in fact dropped to 50 (a fixed PowerSGD job in the oscillating scenario spent
+        6-8 % of its run on such checks, over its 5 % budget).
         """
         if self.env.rank != 0 or self.env.world_size == 1:
             return None
@@ -131,15 +131,15 @@ class Reporter:
         # costs ~0.9 s (seen at the drop in fast-slow-fast, spending the budget for the run).
         probed = self.estimate.bandwidth_bytes_per_second
         large = sized_probe(min(current, probed) if current else probed)[1]
-        if self.scheduler.due(elapsed, elapsed, expected_cost_s=self._next_probe_cost(large, current)):
-            return LinkRequest("probe", large)
-        if not (current and self.passive_blind() and current * RISE_FACTOR <= self._fastest_bps):
+        check_cost = None
+        if current and self.passive_blind() and current * RISE_FACTOR <= self._fastest_bps:
+            # A check's cost: its message at the current reading, and the barrier before it.
+            check_cost = (all_reduce_seconds(large, self.env.world_size, self.estimate.alpha_s, 1.0 / current)
+                          + self.estimate.latency_s)
+        kind = self.scheduler.next_measurement(elapsed, elapsed, self._next_probe_cost(large, current), check_cost)
+        if kind is None:
             return None
-        # A check's cost: its message at the current reading, and the barrier before it.
-        check_cost = all_reduce_seconds(large, self.env.world_size, self.estimate.alpha_s, 1.0 / current) + self.estimate.latency_s
-        if self.scheduler.check_due(elapsed, elapsed, check_cost):
-            return LinkRequest("check", large, reading_bps=current)
-        return None
+        return LinkRequest(kind, large, reading_bps=current if kind == "check" else None)
 
     def passive_blind(self) -> bool:
         """Whether the last ``BLIND_AFTER_STEPS`` steps all sent too little to time: the

@@ -221,6 +221,32 @@ def test_checks_are_held_to_the_same_budget_as_probes() -> None:
     assert len(checks) == pytest.approx(60 * 0.05 / 0.04, rel=0.05)
 
 
+def test_while_a_check_could_see_a_rise_it_stands_in_for_the_probe() -> None:
+    """The testbed's slow phase: start probe 0.17 s, a probe at the drop, then compressing on a
+    blind 20 Mbit/s link. Interval probes (0.2 s each) there had left no budget for a check;
+    checks (0.04 s) in their place watch the link from the first interval on."""
+    sched = ProbeScheduler(probe_interval_s=2.0, max_cost_fraction=0.05)
+    assert sched.next_measurement(now=0.0, elapsed_s=0.0, probe_cost_s=0.17, check_cost_s=0.04) == "probe"
+    sched.record(now=0.0, cost_s=0.17)
+    sched.record(now=6.5, cost_s=0.12)  # at the drop, before compressing
+    # Not blind (no check possible): the interval's probe, once the budget allows it.
+    assert sched.next_measurement(now=8.6, elapsed_s=8.6, probe_cost_s=0.2, check_cost_s=None) is None
+    assert sched.next_measurement(now=10.0, elapsed_s=10.0, probe_cost_s=0.2, check_cost_s=None) == "probe"
+    # Blind: a check instead, as often as the checks' interval and the budget allow, never a probe.
+    clock, kinds = FakeClock(), []
+    clock.t = 8.6
+    while clock.t < 16.5:
+        kind = sched.next_measurement(now=clock.t, elapsed_s=clock.t, probe_cost_s=0.2, check_cost_s=0.04)
+        if kind is not None:
+            kinds.append((round(clock.t, 2), kind))
+            clock.advance(0.04)
+            sched.record_check(now=clock.t, cost_s=0.04)
+        clock.advance(0.25)
+    assert kinds and {k for _, k in kinds} == {"check"}, kinds
+    assert kinds[0][0] < 9.0 and len(kinds) >= 8, kinds
+    assert sched.total_cost_s <= 0.05 * clock.t
+
+
 def test_scheduler_rejects_a_negative_check_cost() -> None:
     with pytest.raises(ValueError, match="cost_s"):
         ProbeScheduler().record_check(now=0.0, cost_s=-0.1)
