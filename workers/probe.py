@@ -81,6 +81,10 @@ class LinkRequest:
     nbytes: int
     reading_bps: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.kind == "check" and self.reading_bps is None:
+            raise ValueError("reading_bps: a check is judged against a reading; none given")
+
 
 @dataclass(frozen=True)
 class LinkCheck:

@@ -137,9 +137,9 @@ class Reporter:
             check_cost = (all_reduce_seconds(large, self.env.world_size, self.estimate.alpha_s, 1.0 / current)
                           + self.estimate.latency_s)
         kind = self.scheduler.next_measurement(elapsed, elapsed, self._next_probe_cost(large, current), check_cost)
-        if kind is None:
-            return None
-        return LinkRequest(kind, large, reading_bps=current if kind == "check" else None)
+        if kind == "check":
+            return LinkRequest("check", large, reading_bps=current)
+        return LinkRequest("probe", large) if kind == "probe" else None
 
     def passive_blind(self) -> bool:
         """Whether the last ``BLIND_AFTER_STEPS`` steps all sent too little to time: the
@@ -188,7 +188,7 @@ class Reporter:
         if request is None or self.env.world_size == 1:
             return
         large = request.nbytes
-        if request.kind == "check":
+        if request.kind == "check" and request.reading_bps is not None:
             check = check_link(process_group, request.nbytes)
             self.scheduler.record_check(time.monotonic() - self.started, check.cost_s)
             if not link_rose(self.estimate, check, request.reading_bps):

@@ -40,7 +40,7 @@ V1 = Decision(version=1, compressor="powersgd", params={"rank": 2}, reason="firs
 V2 = Decision(version=2, compressor="topk", params={"ratio": 0.05}, reason="second")
 #: Rank 0's proposal and link request (a probe, a check, or None) at each agreement step.
 PROBE = LinkRequest("probe", 256 * 1024)
-CHECK = LinkRequest("check", 256 * 1024)
+CHECK = LinkRequest("check", 256 * 1024, reading_bps=2.5e6)
 PLAN: dict[int, tuple[Decision | None, LinkRequest | None]] = {0: (None, None), 5: (V1, PROBE), 10: (V1, CHECK),
                                                                15: (V2, None)}
 

@@ -407,3 +407,10 @@ def test_a_jobs_probe_budget_must_be_a_fraction(budget: float) -> None:
     with pytest.raises(ValueError, match="probing.budget"):
         TrainConfig(probe_budget=budget)
     assert TrainConfig().probing.budget == 0.02
+
+
+def test_a_check_without_the_reading_it_is_judged_against_is_refused() -> None:
+    from workers.probe import LinkRequest
+
+    with pytest.raises(ValueError, match="reading_bps"):
+        LinkRequest("check", 256 * 1024)
