@@ -33,6 +33,7 @@ from compressors.base import from_spec
 from planning.config import TrainConfig
 from planning.controller import decision_for
 from planning.spec import make_spec
+from workers.agreed_step import agree_and_switch, switch_record
 from workers.control import CoordinatorClient, InProcessPolicy, SwitchAgreement
 from workers.envs import RayWorkerEnv, WorkerEnv
 from workers.loaders import InfiniteLoader, batches_per_epoch, make_loader
@@ -90,21 +91,12 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     for step in range(start_step, total_steps):
         # 4. agree on the compressor (and a probe) at the same step on every rank
         if agreement.due(step):
-            regular = agreement.regular(step)  # else an early step's exchange: the decision alone
-            decision, link_request = agreement.exchange(step, reporter.proposal(),
-                                                        reporter.link_request() if regular else None)
-            if regular:
-                reporter.exchange(agreement.group)
-            if decision is not None:
-                record.applied.append({"step": step, "version": decision.version,
-                                       "compressor": decision.compressor, "params": decision.params})
-                spec = make_spec(decision.compressor, **decision.params)
-                if spec != sync.compressor.spec:
-                    sync.switch(from_spec(spec))
-                    timer.reset_window()
-                    switches.append({"step": step, "at_s": round(time.monotonic() - run_started, 3), "to": spec.label,
-                                     "version": decision.version, "reason": decision.reason})
-            reporter.measure_link(link_request, sync.process_group)
+            agreed = agree_and_switch(step, agreement, reporter, sync, timer)
+            if agreed.decision is not None:
+                record.applied.append({"step": step, "version": agreed.decision.version,
+                                       "compressor": agreed.decision.compressor, "params": agreed.decision.params})
+            if agreed.switched_to is not None:
+                switches.append(switch_record(step, agreed, started_at=run_started))
         # 3. one step, every phase timed
         loss = train_step(ddp, optimizer, loader, timer, device, scheduler, loss_fn=workload.loss_fn)
         timer.end_step(step, sync.last_step())

@@ -49,6 +49,7 @@ from planning.sections import (
     is_import_path,
 )
 from planning.spec import make_spec
+from workers.agreed_step import agree_and_switch, switch_record
 from workers.control import (
     CoordinatorClient,
     DecisionSource,
@@ -180,20 +181,11 @@ class TrainingSession:
         self._begin("data")
 
     def _agree(self, step: int) -> None:
-        regular = self.agreement.regular(step)  # else an early step's exchange: the decision alone
-        decision, link_request = self.agreement.exchange(step, self.reporter.proposal(),
-                                                         self.reporter.link_request() if regular else None)
-        if regular:
-            self.reporter.exchange(self.agreement.group)
-        if decision is not None:
-            spec = make_spec(decision.compressor, **decision.params)
-            if spec != self.sync.compressor.spec:
-                self.sync.switch(from_spec(spec))
-                self.timer.reset_window()
-                self.switches.append({"step": step, "to": spec.label, "version": decision.version,
-                                      "reason": decision.reason})
-                log.info("rank %d: step %d: switching to %s (%s)", self.rank, step, spec.label, decision.reason)
-        self.reporter.measure_link(link_request, self.sync.process_group)
+        agreed = agree_and_switch(step, self.agreement, self.reporter, self.sync, self.timer)
+        if agreed.switched_to is not None:
+            self.switches.append(switch_record(step, agreed))
+            log.info("rank %d: step %d: switching to %s (%s)", self.rank, step, agreed.switched_to,
+                     agreed.decision.reason if agreed.decision else "")
 
     def close(self) -> None:
         """Stop timing and reporting (sends the last report first). Idempotent."""
