@@ -353,7 +353,7 @@ def estimate_errors(tensors: Iterable[torch.Tensor], specs: Sequence[CompressorS
     total = math.fsum(float(torch.sum(t.float() ** 2)) for t in tensors)
     lost: dict[str, float] = {spec.label: 0.0 for spec in specs}
     kernels = {spec.name: kernel_class(spec.name) for spec in specs}
-    lossy = {spec.label for spec in specs if registry.codec(spec.name).known_error is None}
+    lossy = {spec.label for spec in specs if registry.is_lossy(spec.name)}
     compressing: set[str] = set()
     with torch.no_grad():
         for tensor in tensors:

@@ -41,7 +41,7 @@ def estimates_can_matter(m: Measurements, cfg: PolicyConfig) -> bool:
         wake_s=m.wake_s)
     current_tau = seconds_per_progress(predict_step(m.current, m.profile, m.world_size, link).step_s, known)
     for spec in cfg.candidates():
-        if registry.codec(spec.name).known_error is not None or guard_failure(spec, cfg, False) is not None:
+        if not registry.is_lossy(spec.name) or guard_failure(spec, cfg, False) is not None:
             continue
         step_s = predict_step(adopt_settings(spec, m.current), m.profile, m.world_size, link).step_s
         if (current_tau - step_s) / current_tau > cfg.gain_threshold:

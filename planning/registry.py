@@ -58,6 +58,13 @@ def codec(name: str) -> Codec:
         raise ValueError(f"name: unknown compressor {name!r}; choose one of {', '.join(_codecs)}") from None
 
 
+def is_lossy(name: str) -> bool:
+    """Whether ``name``'s error is not known in advance: anything but ``none`` and the casts.
+    Only a lossy compressor's error has to be measured or estimated, and only its codec runs
+    inside the hook (so its work shows in backward's wall time)."""
+    return codec(name).known_error is None
+
+
 def unknown_name(value: object) -> str | None:
     """The message for a name that is not a compressor (without a field prefix), or None."""
     if isinstance(value, str) and value in _codecs:

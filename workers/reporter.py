@@ -81,7 +81,6 @@ class Reporter:
         self.scheduler = ProbeScheduler(probe_interval_s=cfg.probing.interval_s, max_cost_fraction=cfg.probing.budget)
         self.started = time.monotonic()
         self.next_report = 0.0
-        self.profile_sent = False
         self.calibration: dict[str, float] = {}
         self.per_element: dict[str, float] = {}
         self._last_bytes = 0
@@ -253,12 +252,10 @@ class Reporter:
         # Measured again only while a choice without a codec in the hook runs (none, a cast):
         # backward's wall time holds the hook's work, and a lossy codec's would then be
         # counted twice, in the profile's backward and in the cost model's codec time.
-        recheck = registry.codec(spec.name).known_error is not None
-        if len(timer.recent) >= 3 and (not self.profile_sent or
-                                       (recheck and profile_stale(self.model_profile, means, len(timer.recent)))):
+        if len(timer.recent) >= 3 and (self.model_profile is None or (
+                not registry.is_lossy(spec.name) and profile_stale(self.model_profile, means, len(timer.recent)))):
             profile = self.model_profile = self._profile(model, means)
             self._cost_profile = None
-            self.profile_sent = True
         grad_norm = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters() if p.grad is not None])
         )
