@@ -245,6 +245,29 @@ def test_every_choice_left_takes_the_full_threshold_and_a_lower_gain_threshold_c
     assert _threshold(none, fp16, PolicyState(), low) == 0.01 == _threshold(bf16, none, state, low)  # never inverted
 
 
+def test_a_move_between_known_errors_that_the_measured_steps_refute_is_undone_once_at_the_small_threshold():
+    """none → fp16 on a predicted 2 %; fp16 then measures slower than ``none`` did: back at the
+    small threshold, once both have their own measured step (not on predictions alone), and
+    never a second time (both are left then)."""
+    def scored(label: str, tau: float) -> _Scored:
+        return _Scored(make_spec(label), label, tau, None, tau)
+
+    none, fp16 = scored("none", 0.96), scored("fp16", 1.0)
+    left_none = PolicyState(left=("none",))
+    assert _threshold(fp16, none, left_none, CFG) == CFG.gain_threshold  # on predictions: the band holds
+    measured = dataclasses.replace(left_none, corrections=(("none", 0.0005), ("fp16", 0.003)))
+    assert _threshold(fp16, none, measured, CFG) == CFG.known_error_gain_threshold
+    assert _threshold(fp16, none, dataclasses.replace(measured, corrections=(("fp16", 0.003),)), CFG) == CFG.gain_threshold
+    # After the undo both are left: no second cheap move either way.
+    undone = dataclasses.replace(measured, left=("none", "fp16"))
+    assert _threshold(none, fp16, undone, CFG) == _threshold(fp16, none, undone, CFG) == CFG.gain_threshold
+    # Not to a lossy choice, nor back to a label left before the last.
+    bf16 = scored("bf16", 1.0)
+    older = dataclasses.replace(measured, left=("none", "bf16"), corrections=(*measured.corrections, ("bf16", 0.0)))
+    assert _threshold(fp16, none, older, CFG) == CFG.gain_threshold
+    assert _threshold(fp16, bf16, older, CFG) == CFG.known_error_gain_threshold  # the last one left: the undo
+
+
 def test_a_move_to_a_lossy_choice_leaves_no_label_behind():
     """The link falls under fp16: the move to a low-rank compressor is no crossing of two
     known-error choices, so when the link comes back fp16 is a cheap move again."""
