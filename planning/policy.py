@@ -241,6 +241,9 @@ class PolicyState:
     #: of them, since the last release or change of world size: going back to one takes the full
     #: threshold (:func:`_threshold`). A move to a lossy choice records nothing.
     left: tuple[str, ...] = ()
+    #: The last switch, (from, to), when it went between two known-error choices and was no
+    #: undo itself (:func:`_undo`); None after any other switch.
+    last_move: tuple[str, str] | None = None
     switches: int = 0
     #: Averaged running efficiency of every label that has run (``planning.progress``).
     measured: Measured = ()
@@ -475,10 +478,11 @@ def _threshold(current: _Scored, best: _Scored, state: PolicyState, cfg: PolicyC
 
 
 def _undo(current: _Scored, best: _Scored, state: PolicyState) -> bool:
-    """Whether moving to ``best`` undoes the last move between two known-error choices, once
-    both have run: the choice left last is ``best``, the current one has not been left itself,
-    and each has its own measured step time (``planning.step_correction``). The small threshold
-    then holds back as well as forth, once: after the undo both labels count as left.
+    """Whether moving to ``best`` undoes the last switch, a move between two known-error
+    choices from ``best`` to ``current`` (``PolicyState.last_move``), once both have their own
+    measured step time (``planning.step_correction``). The small threshold then holds back as
+    well as forth, once: the undo is no move that can itself be undone, and after it both
+    labels count as left.
 
     Why: the first move between ``none`` and a cast is made on the cost model's prediction,
     and where the link is fast the cast's saving is a few per cent of a step that the model
@@ -489,8 +493,7 @@ def _undo(current: _Scored, best: _Scored, state: PolicyState) -> bool:
     one undo corrects a move the measurement refuted, and cannot flap.
     """
     measured = dict(state.corrections)
-    return (not _lossy(current.spec) and not _lossy(best.spec) and state.left[-1:] == (best.label,)
-            and current.label not in state.left and current.label in measured and best.label in measured)
+    return state.last_move == (best.label, current.label) and current.label in measured and best.label in measured
 
 
 def _keep_s(cfg: PolicyConfig) -> float:
@@ -647,7 +650,7 @@ def without_dwell(state: PolicyState) -> PolicyState:
     """The state with no dwell to wait out, now or when the last switch takes effect, and no
     labels left (after a release from a pin, or a change of world size: the next report may
     switch at once, and what the job left at another size or under a pin is no evidence now)."""
-    return dataclasses.replace(state, last_switch_at=None, awaiting=None, left=())
+    return dataclasses.replace(state, last_switch_at=None, awaiting=None, left=(), last_move=None)
 
 
 def _switch_took_effect(state: PolicyState, m: Measurements, now: float) -> PolicyState:
@@ -719,8 +722,10 @@ def _switch(
     decision = Switch(spec=spec, gain=_gain(current, best), current_step_s=current.step_s,
                       new_step_s=best.step_s, reason=reason)
     trial = spec.label if spec.label not in dict(state.measured) else None
-    left = state.left
+    left, last_move = state.left, None
     if not _lossy(current.spec) and not _lossy(spec):
         left = tuple(dict.fromkeys((*left, current.label)))
+        if state.last_move != (spec.label, current.label):  # an undo cannot be undone
+            last_move = (current.label, spec.label)
     return decision, dataclasses.replace(state, last_switch_at=now, awaiting=spec.label, trial=trial, left=left,
-                                         switches=state.switches + 1)
+                                         last_move=last_move, switches=state.switches + 1)

@@ -24,11 +24,14 @@ from workers.timing import StepTimer
 
 @dataclass(frozen=True)
 class Agreed:
-    """The outcome at one agreed step: the decision every rank received (None: none new) and
-    the label of the compressor switched to (None: the decision kept the running one)."""
+    """The outcome at one agreed step: the decision every rank received (None: none new), the
+    label of the compressor switched to (None: the decision kept the running one) and when
+    (``time.monotonic()``, read at the switch: the link measurement after it can take a
+    second on a slow link)."""
 
     decision: Decision | None
     switched_to: str | None
+    switched_at: float | None = None
 
 
 def agree_and_switch(step: int, agreement: SwitchAgreement, reporter: Reporter, sync: GradientSync,
@@ -39,24 +42,25 @@ def agree_and_switch(step: int, agreement: SwitchAgreement, reporter: Reporter, 
                                                 reporter.link_request() if regular else None)
     if regular:
         reporter.exchange(agreement.group)
-    switched_to = None
+    switched_to: str | None = None
+    switched_at: float | None = None
     if decision is not None:
         spec = make_spec(decision.compressor, **decision.params)
         if spec != sync.compressor.spec:
             sync.switch(from_spec(spec))
             timer.reset_window()  # the phase means restart with the new compressor
-            switched_to = spec.label
+            switched_to, switched_at = spec.label, time.monotonic()
     reporter.measure_link(link_request, sync.process_group)
-    return Agreed(decision, switched_to)
+    return Agreed(decision, switched_to, switched_at)
 
 
 def switch_record(step: int, agreed: Agreed, started_at: float | None = None) -> dict[str, object]:
     """The run summary's entry for a switch (``started_at``: the run's monotonic start, to say
     when in the run it came)."""
-    if agreed.decision is None or agreed.switched_to is None:
+    if agreed.decision is None or agreed.switched_to is None or agreed.switched_at is None:
         raise ValueError(f"agreed: no switch to record at step {step}")
     record: dict[str, object] = {"step": step}
     if started_at is not None:
-        record["at_s"] = round(time.monotonic() - started_at, 3)
+        record["at_s"] = round(agreed.switched_at - started_at, 3)
     record.update(to=agreed.switched_to, version=agreed.decision.version, reason=agreed.decision.reason)
     return record

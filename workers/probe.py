@@ -82,8 +82,9 @@ class LinkRequest:
     reading_bps: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind == "check" and self.reading_bps is None:
-            raise ValueError("reading_bps: a check is judged against a reading; none given")
+        if self.kind == "check" and not (self.reading_bps is not None and math.isfinite(self.reading_bps)
+                                         and self.reading_bps > 0):
+            raise ValueError(f"reading_bps: a check is judged against a reading > 0 bytes/s, got {self.reading_bps!r}")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,12 @@ from typing import Literal
 #: Recovery checks may come this many times as often as probes (the budget still bounds them).
 CHECKS_PER_PROBE_INTERVAL = 4
 
+#: While checks stand in for the interval's probes, a probe still comes once this many
+#: intervals have passed since the last: it re-measures what a check does not (the latency, a
+#: collective's wake-up on an idle link) and re-anchors a reading that only checks moved
+#: (a check has no warm-up, so a shaper's burst can pass part of its message free).
+PROBE_EVERY_INTERVALS_WHILE_CHECKING = 5
+
 
 @dataclass
 class ProbeScheduler:
@@ -36,8 +42,9 @@ class ProbeScheduler:
 
     A recovery check is due (:meth:`check_due`) after a probe has run, when
     ``probe_interval_s / CHECKS_PER_PROBE_INTERVAL`` has passed since the last probe or check
-    and the check's expected cost fits the same budget. Probes keep priority: the caller asks
-    :meth:`due` first.
+    and the check's expected cost fits the same budget. Where a check could see something,
+    :meth:`next_measurement` asks for a check instead of the interval's probe (and for a
+    probe only every ``PROBE_EVERY_INTERVALS_WHILE_CHECKING`` intervals).
 
     ``now`` is any monotonic clock reading (for the interval); ``elapsed_s`` is the run's
     time so far (for the budget). Every rank must take the same decision, or the probe's
@@ -88,6 +95,9 @@ class ProbeScheduler:
         """
         if check_cost_s is None or self.last_probe_at is None:
             return "probe" if self.due(now, elapsed_s, probe_cost_s) else None
+        if (now - self.last_probe_at >= PROBE_EVERY_INTERVALS_WHILE_CHECKING * self.probe_interval_s
+                and self.due(now, elapsed_s, probe_cost_s)):
+            return "probe"
         return "check" if self.check_due(now, elapsed_s, check_cost_s) else None
 
     def record(self, now: float, cost_s: float) -> None:

@@ -187,7 +187,8 @@ class Reporter:
         if request is None or self.env.world_size == 1:
             return
         large = request.nbytes
-        if request.kind == "check" and request.reading_bps is not None:
+        if request.kind == "check":
+            assert request.reading_bps is not None  # LinkRequest refuses a check without one
             check = check_link(process_group, request.nbytes)
             self.scheduler.record_check(time.monotonic() - self.started, check.cost_s)
             if not link_rose(self.estimate, check, request.reading_bps):

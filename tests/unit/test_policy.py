@@ -18,6 +18,7 @@ from planning.policy import (
     PolicyState,
     Switch,
     _Scored,
+    _switch,
     _threshold,
     decide,
     without_dwell,
@@ -247,25 +248,36 @@ def test_every_choice_left_takes_the_full_threshold_and_a_lower_gain_threshold_c
 
 def test_a_move_between_known_errors_that_the_measured_steps_refute_is_undone_once_at_the_small_threshold():
     """none → fp16 on a predicted 2 %; fp16 then measures slower than ``none`` did: back at the
-    small threshold, once both have their own measured step (not on predictions alone), and
-    never a second time (both are left then)."""
+    small threshold, once both have their own measured step (not on predictions alone). The
+    undo is no move of its own to undo, and a later move cannot undo an older one."""
     def scored(label: str, tau: float) -> _Scored:
         return _Scored(make_spec(label), label, tau, None, tau)
 
-    none, fp16 = scored("none", 0.96), scored("fp16", 1.0)
-    left_none = PolicyState(left=("none",))
-    assert _threshold(fp16, none, left_none, CFG) == CFG.gain_threshold  # on predictions: the band holds
-    measured = dataclasses.replace(left_none, corrections=(("none", 0.0005), ("fp16", 0.003)))
-    assert _threshold(fp16, none, measured, CFG) == CFG.known_error_gain_threshold
-    assert _threshold(fp16, none, dataclasses.replace(measured, corrections=(("fp16", 0.003),)), CFG) == CFG.gain_threshold
-    # After the undo both are left: no second cheap move either way.
-    undone = dataclasses.replace(measured, left=("none", "fp16"))
-    assert _threshold(none, fp16, undone, CFG) == _threshold(fp16, none, undone, CFG) == CFG.gain_threshold
-    # Not to a lossy choice, nor back to a label left before the last.
-    bf16 = scored("bf16", 1.0)
-    older = dataclasses.replace(measured, left=("none", "bf16"), corrections=(*measured.corrections, ("bf16", 0.0)))
-    assert _threshold(fp16, none, older, CFG) == CFG.gain_threshold
-    assert _threshold(fp16, bf16, older, CFG) == CFG.known_error_gain_threshold  # the last one left: the undo
+    def move(state: PolicyState, current: _Scored, to: _Scored) -> PolicyState:
+        return _switch(to.spec, current, to, "test", state, 0.0)[1]
+
+    none, fp16, bf16 = scored("none", 0.96), scored("fp16", 1.0), scored("bf16", 0.99)
+    measured = (("none", 0.0005), ("fp16", 0.003), ("bf16", 0.002))
+    on_fp16 = move(PolicyState(), none, fp16)
+    assert on_fp16.left == ("none",) and on_fp16.last_move == ("none", "fp16")
+    assert _threshold(fp16, none, on_fp16, CFG) == CFG.gain_threshold  # on predictions: the band holds
+    on_fp16 = dataclasses.replace(on_fp16, corrections=measured)
+    assert _threshold(fp16, none, on_fp16, CFG) == CFG.known_error_gain_threshold
+    assert _threshold(fp16, none, dataclasses.replace(on_fp16, corrections=measured[1:]), CFG) == CFG.gain_threshold
+    # After the undo both are left and nothing is to undo: the full threshold either way.
+    back = move(on_fp16, fp16, none)
+    assert back.left == ("none", "fp16") and back.last_move is None
+    assert _threshold(none, fp16, back, CFG) == CFG.gain_threshold
+    # none → bf16 (never left: cheap), then bf16 → fp16 is no undo: fp16 was left before.
+    on_bf16 = move(back, none, bf16)
+    assert on_bf16.last_move == ("none", "bf16")
+    assert _threshold(bf16, fp16, on_bf16, CFG) == CFG.gain_threshold
+    assert _threshold(bf16, none, on_bf16, CFG) == CFG.known_error_gain_threshold  # the one undo it has
+    # A lossy choice in between leaves nothing to undo.
+    acp = scored("acpsgd", 0.5)
+    via_lossy = move(move(on_fp16, fp16, acp), acp, bf16)
+    assert via_lossy.last_move is None and _threshold(bf16, none, via_lossy, CFG) == CFG.gain_threshold
+    assert without_dwell(on_fp16).last_move is None
 
 
 def test_a_move_to_a_lossy_choice_leaves_no_label_behind():

@@ -245,6 +245,13 @@ def test_while_a_check_could_see_a_rise_it_stands_in_for_the_probe() -> None:
     assert kinds and {k for _, k in kinds} == {"check"}, kinds
     assert kinds[0][0] < 9.0 and len(kinds) >= 8, kinds
     assert sched.total_cost_s <= 0.05 * clock.t
+    # A probe still comes five intervals after the last one (latency and wake-up re-measured).
+    while sched.probes == 2 and clock.t < 30:
+        if sched.next_measurement(now=clock.t, elapsed_s=clock.t, probe_cost_s=0.2, check_cost_s=0.04) == "probe":
+            sched.record(now=clock.t, cost_s=0.2)
+        clock.advance(0.25)
+    assert sched.probes == 3 and 6.5 + 5 * 2.0 <= sched.last_probe_at < 21.0, sched  # when the budget allows
+    assert sched.total_cost_s <= 0.05 * sched.last_probe_at
 
 
 def test_scheduler_rejects_a_negative_check_cost() -> None:
@@ -412,5 +419,6 @@ def test_a_jobs_probe_budget_must_be_a_fraction(budget: float) -> None:
 def test_a_check_without_the_reading_it_is_judged_against_is_refused() -> None:
     from workers.probe import LinkRequest
 
-    with pytest.raises(ValueError, match="reading_bps"):
-        LinkRequest("check", 256 * 1024)
+    for reading in (None, 0.0, math.nan):
+        with pytest.raises(ValueError, match="reading_bps"):
+            LinkRequest("check", 256 * 1024, reading_bps=reading)
