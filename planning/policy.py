@@ -493,7 +493,13 @@ def _undo(current: _Scored, best: _Scored, state: PolicyState) -> bool:
     one undo corrects a move the measurement refuted, and cannot flap.
     """
     measured = dict(state.corrections)
-    return state.last_move == (best.label, current.label) and current.label in measured and best.label in measured
+    return _reverses_last_move(state, current.label, best.label) and current.label in measured and best.label in measured
+
+
+def _reverses_last_move(state: PolicyState, from_label: str, to_label: str) -> bool:
+    """Whether a move from ``from_label`` to ``to_label`` goes straight back along
+    ``state.last_move``."""
+    return state.last_move == (to_label, from_label)
 
 
 def _keep_s(cfg: PolicyConfig) -> float:
@@ -725,7 +731,7 @@ def _switch(
     left, last_move = state.left, None
     if not _lossy(current.spec) and not _lossy(spec):
         left = tuple(dict.fromkeys((*left, current.label)))
-        if state.last_move != (spec.label, current.label):  # an undo cannot be undone
+        if not _reverses_last_move(state, current.label, spec.label):  # an undo cannot be undone
             last_move = (current.label, spec.label)
     return decision, dataclasses.replace(state, last_switch_at=now, awaiting=spec.label, trial=trial, left=left,
                                          last_move=last_move, switches=state.switches + 1)

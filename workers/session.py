@@ -183,9 +183,9 @@ class TrainingSession:
     def _agree(self, step: int) -> None:
         agreed = agree_and_switch(step, self.agreement, self.reporter, self.sync, self.timer)
         if agreed.switched_to is not None:
-            self.switches.append(switch_record(step, agreed))
-            log.info("rank %d: step %d: switching to %s (%s)", self.rank, step, agreed.switched_to,
-                     agreed.decision.reason if agreed.decision else "")
+            entry = switch_record(step, agreed)
+            self.switches.append(entry)
+            log.info("rank %d: step %d: switching to %s (%s)", self.rank, step, entry["to"], entry["reason"])
 
     def close(self) -> None:
         """Stop timing and reporting (sends the last report first). Idempotent."""
