@@ -103,17 +103,18 @@ def step_breakdown(model_name: str, compressor: str, device: torch.device, *, ba
         timed = meter.steps - meter_before[1]
         row["meter_s_per_step"] = (meter.seconds - meter_before[0]) / timed if timed else None
         meter.request_sample()
-        train_step(ddp, optimizer, loader, timer, device)
-        timer.end_step(warmup + steps, sync.last_step())
+        for extra in range(2):  # the sample and its step before (ACP-SGD's estimate uses both)
+            train_step(ddp, optimizer, loader, timer, device)
+            timer.end_step(warmup + steps + extra, sync.last_step())
         sample = meter.take_sample()
         cfg = PolicyConfig()
         specs = cfg.candidates()
         synchronize(device)
         started = time.perf_counter()
-        estimate_errors(sample, specs)
+        estimate_errors(sample.tensors, specs, sample.previous)
         synchronize(device)
         row["estimate_s"] = time.perf_counter() - started
-        row["estimate_sample_elements"] = sum(t.numel() for t in sample)
+        row["estimate_sample_elements"] = sum(t.numel() for t in sample.tensors)
         row["estimate_candidates"] = len(specs)
     return row
 

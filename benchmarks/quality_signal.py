@@ -15,7 +15,11 @@ from the full tensors (not the meter's sample):
   what it adds off ``g``; for a projection ``C`` it is ``1 − ε²``, the contraction the policy
   gives a candidate by its estimate;
 
-and the held-out loss of the final model. One process (world size 1, batch 64 = the
+and the held-out loss of the final model. For the low-rank choices also each step's error
+estimate as the adaptive policy computes it (``compressors.quality.estimate_errors`` on the raw
+gradient, with the step before's for ACP-SGD's stale factor) and the best rank-r error beside it,
+each with the share ``η / δ(estimate)`` (``η`` the cosine, ``δ = 1 − ε²``) the running
+compressor kept of it: the calibration ``planning.progress`` carries across a family's ranks. One process (world size 1, batch 64 = the
 benchmark's 2 × 32, a one-process gloo group), so the group's mean is the rank's own; the
 benchmark's schedule (SGD with momentum 0.9, lr 0.02 decayed to 0 along a cosine, 300 steps).
 Medians over steps 100-300 (the first steps are the critical regime the policy guards anyway).
@@ -26,6 +30,7 @@ Medians over steps 100-300 (the first steps are the critical regime the policy g
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -47,7 +52,8 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.adaptive.scenarios import parse_label
     from benchmarks.compressor_cost import single_process_group
     from compressors import GradientSync, build
-    from compressors.quality import update_efficiency
+    from compressors.quality import estimate_errors, update_efficiency
+    from planning.spec import make_spec
     from workers.data import build_dataset, input_spec
     from workers.loaders import make_loader
     from workers.models import build_model
@@ -69,11 +75,16 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             return torch.cat([tensors[k].reshape(-1).double() if k in tensors
                               else torch.zeros(shapes[k].numel(), dtype=torch.float64) for k in sorted(shapes)])
 
-        def residual() -> torch.Tensor:
+        def kept_residuals() -> dict[str, torch.Tensor]:
             kept = sync.compressor.residuals() if hasattr(sync.compressor, "residuals") else {}
-            return flat({k.removeprefix("module."): v for k, v in kept.items()})
+            return {k.removeprefix("module."): v.clone() for k, v in kept.items()}
 
+        spec = sync.compressor.spec
+        estimated = [spec] if spec.rank is not None else []  # the low-rank choices' estimates
+        best_case = make_spec("powersgd", rank=spec.rank) if estimated else None  # the best rank-r error
         figures: list[tuple[float, float, float, float]] = []
+        estimates: list[tuple[float, float]] = []  # (as the policy estimates it, the best case)
+        raw_before: list[torch.Tensor] | None = None
         epoch, batches = 0, iter(make_loader(train, batch_size=args.batch_size, rank=0, world_size=1, seed=args.seed))
         for _ in range(args.steps):
             batch = next(batches, None)
@@ -83,11 +94,20 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
                                            epoch=epoch))
                 batch = next(batches)
             inputs, targets = batch
-            e_old = residual()
+            kept_old = kept_residuals()
             optimizer.zero_grad()
             F.cross_entropy(ddp(inputs), targets).backward()
-            e_new = residual()
+            kept_new = kept_residuals()
+            e_old, e_new = flat(kept_old), flat(kept_new)
             update = flat({k: p.grad for k, p in model.named_parameters()})
+            if estimated and best_case is not None:
+                # each matrix's raw gradient, g = u + e_new − e_old, as the meter samples it
+                raw = [p.grad + _as_shape(kept_new.get(k), p.grad) - _as_shape(kept_old.get(k), p.grad)
+                       for k, p in sorted(model.named_parameters()) if p.dim() >= 2]
+                if raw_before is not None:
+                    estimates.append((estimate_errors(raw, estimated, raw_before)[spec.label],
+                                      estimate_errors(raw, [best_case])[best_case.label]))
+                raw_before = raw
             grad = update + e_new - e_old
             g_sq, along = float(grad @ grad), float(update @ grad)
             cos_sq = (update_efficiency(grad + e_old, e_new, grad) or 0.0) ** 2  # x = g + e_old, lost = e_new
@@ -107,21 +127,47 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             "efficiency_median": round(statistics.median(f[1] for f in tail), 4),
             "residual_over_gradient_median": round(statistics.median(f[2] for f in tail), 4),
             "cos_squared_median": round(statistics.median(f[3] for f in tail), 4),
+            "estimate_median": _median_at(estimates, 0, args.skip_steps - 1),
+            "best_case_estimate_median": _median_at(estimates, 1, args.skip_steps - 1),
             "wall_s": round(time.monotonic() - started, 1)}
+
+
+def _as_shape(residual: Any, grad: Any) -> Any:
+    """A kept residual (kept as the compressor's matrix view) in ``grad``'s shape; zeros for none."""
+    import torch
+
+    return torch.zeros_like(grad) if residual is None else residual.reshape(grad.shape)
+
+
+def _median_at(rows: list[tuple[float, float]], column: int, skip: int) -> float | None:
+    """Median of ``column`` over ``rows`` after the first ``skip`` (None when there are none)."""
+    tail = [row[column] for row in rows[max(0, skip):]]
+    return round(statistics.median(tail), 4) if tail else None
 
 
 def markdown(doc: dict[str, Any]) -> str:
     rows = sorted(doc["choices"].items(), key=lambda item: item[1]["held_out_loss"])
     lines = ["| choice | held-out loss | vs none | ε (median) | ⟨u,g⟩/‖g‖² (median) | cos²(u,g) (median) | 1 − ε² "
-             "| ρ = ‖e‖/‖g‖ |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| ρ = ‖e‖/‖g‖ | estimate ε | η / δ(estimate) | best-case ε | η / δ(best case) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = doc["choices"].get("none", {}).get("held_out_loss")
     for label, r in rows:
         versus = f"{r['held_out_loss'] / base - 1:+.1%}" if base else "-"
         lines.append(f"| {label} | {r['held_out_loss']:.4f} | {versus} | {r['error_median']:.3f} | "
                      f"{r['efficiency_median']:.3f} | {r['cos_squared_median']:.3f} | {1 - r['error_median'] ** 2:.3f} | "
-                     f"{r['residual_over_gradient_median']:.3f} |")
+                     f"{r['residual_over_gradient_median']:.3f} | {_estimate_cells(r, 'estimate_median')} | "
+                     f"{_estimate_cells(r, 'best_case_estimate_median')} |")
     return "\n".join(lines) + "\n"
+
+
+def _estimate_cells(row: dict[str, Any], key: str) -> str:
+    """The estimate's median and the share ``η / δ(estimate)`` of it the choice kept, with
+    ``η = √cos²`` (the policy's calibration, ``planning.progress.efficiency_ratio``); dashes
+    for a choice without an estimate of this kind."""
+    estimate = row.get(key)
+    if estimate is None:
+        return "- | -"
+    return f"{estimate:.3f} | {math.sqrt(row['cos_squared_median']) / max(1e-9, 1 - estimate ** 2):.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -203,9 +203,12 @@ class Compressor(ABC):
 
     # -- quality estimates ------------------------------------------------------------
     @classmethod
-    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any]) -> float:
+    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any],
+                    previous: torch.Tensor | None = None) -> float:
         """``‖x − C(x)‖²`` of one gradient ``tensor`` (``flat``: it as 1-D fp32) that ``spec``
-        compresses, for ``compressors.quality.estimate_errors``.
+        compresses, for ``compressors.quality.estimate_errors``; ``previous``: the same
+        parameter's gradient one step before, where the sample has it (for a kernel whose
+        step uses what the step before left, ACP-SGD's factor; the others ignore it).
 
         The default runs one step of a fresh compressor at world size 1 on a copy; kernels
         with a closed form override it (``cache`` holds per-tensor work they can share, such

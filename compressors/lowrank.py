@@ -108,7 +108,8 @@ class LowRankCompressor(ErrorFeedbackCompressor):
         self.factors.load_state_dict(state.get("factors", {}))
 
     @classmethod
-    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any]) -> float:
+    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any],
+                    previous: torch.Tensor | None = None) -> float:
         """The best rank-r approximation's error (Eckart–Young, from ``svdvals``)."""
         if "spectrum" not in cache:
             n, m = wire.matrix_dims(tuple(tensor.shape))

@@ -30,10 +30,12 @@ gradient (uncompressed tensors count in ``‖x‖`` with no error):
   0.66; PowerSGD r4 ε 0.73, cosine 0.76; training agrees with the cosine (held-out loss 0.3904
   against 0.3843; uncompressed 0.3809). The exchange carries ``g`` at the coordinates too.
 * **every candidate's estimate**, every few steps, by :func:`estimate_errors` on a sample of
-  this step's gradient matrices (the way L-GreCo measures per-layer error): the best rank-r
-  error from one ``svdvals`` per matrix for all ranks at once (PowerSGD/ACP-SGD's warm-started
-  power iteration approaches it from above), top-k's from one sort, scaled sign's in closed
-  form ``1 − ‖x‖₁² / (d·‖x‖²)``, the casts' by casting. The estimate runs on the raw gradient,
+  this step's gradient matrices (the way L-GreCo measures per-layer error): PowerSGD's best
+  rank-r error from one ``svdvals`` per matrix for all ranks at once (its warm-started power
+  iteration approaches it from above); ACP-SGD's from projecting on the top-r subspaces of the
+  same matrices one step before (its factor is a step old: ``ACPSGD.lost_energy``; the meter
+  keeps the two consecutive steps), top-k's from one sort, scaled sign's in closed form
+  ``1 − ‖x‖₁² / (d·‖x‖²)``, the casts' by casting. The estimate runs on the raw gradient,
   whichever compressor runs, so candidates are compared on the same input.
 
 Why the policy compares candidates by the estimate, not the running figure: the running
@@ -49,7 +51,7 @@ import math
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -65,6 +67,15 @@ _HALF = (torch.float16, torch.bfloat16)
 #: Coordinates of the whole gradient every rank keeps per step for :func:`group_error`
 #: (spread over the tensors in proportion to their size, the same ones on every rank).
 GROUP_COORDINATES = 1024
+
+
+class GradientSample(NamedTuple):
+    """One step's gradient matrices for :func:`estimate_errors` (largest first) and the same
+    parameters' gradients the step before (None where that step had none): ACP-SGD's estimate
+    projects on the step before's subspaces (``ACPSGD.lost_energy``)."""
+
+    tensors: list[torch.Tensor]
+    previous: list[torch.Tensor | None]
 
 
 @dataclass
@@ -116,12 +127,14 @@ class ErrorMeter:
         self._until_exchange: int | None = None
         self.seconds = 0.0
         self.steps = 0
-        #: After :meth:`request_sample`, the next step keeps copies of its gradient matrices
-        #: (largest first, up to ``sample_elements`` in all) for :func:`estimate_errors`.
+        #: After :meth:`request_sample`, the next two steps keep copies of their gradient
+        #: matrices; the second's (largest first, up to ``sample_elements`` in all) and the
+        #: first's of the same parameters become the sample for :func:`estimate_errors`.
         self.sample_elements = sample_elements
-        self.sample: list[torch.Tensor] = []
-        self._sampling = False
-        self._pending_sample: list[torch.Tensor] = []
+        self.sample: GradientSample | None = None
+        self._sampling = 0  # steps still to sample
+        self._pending_sample: dict[str, torch.Tensor] = {}
+        self._sample_before: dict[str, torch.Tensor] = {}
         self._sums = _StepSums()
 
     def bucket(self, slots: Sequence[GradSlot], compressor: Compressor) -> None:
@@ -140,7 +153,7 @@ class ErrorMeter:
             for slot in slots:
                 if self._sampling and slot.grad.dim() >= 2:
                     kept = torch.float32 if slot.grad.dtype in _HALF else slot.grad.dtype  # svdvals needs it
-                    self._pending_sample.append(slot.grad.detach().to(dtype=kept, copy=True))
+                    self._pending_sample[slot.key] = slot.grad.detach().to(dtype=kept, copy=True)
                 if not sums.measured:
                     continue
                 grad = slot.grad.detach().reshape(-1)
@@ -184,23 +197,24 @@ class ErrorMeter:
             else:
                 self.cycle.extend(MeasuredStep(compressor.label, cycle_steps(compressor), sample, lost_sq, total))
         self._count_down()
-        if self._pending_sample:
-            ordered = sorted(self._pending_sample, key=lambda t: t.numel(), reverse=True)
-            kept, budget = [], self.sample_elements
-            for tensor in ordered:
-                if tensor.numel() <= budget:
-                    kept.append(tensor)
-                    budget -= tensor.numel()
-            self.sample, self._pending_sample = kept, []
-        self._sampling = False
+        if self._sampling:
+            self._sampling -= 1
+            if self._sampling:  # the first of the two: the step before the sample
+                self._sample_before = self._pending_sample
+            elif self._pending_sample:
+                self.sample = self._selected(self._pending_sample, self._sample_before)
+            if not self._sampling:
+                self._sample_before = {}
+            self._pending_sample = {}
         self.steps += 1
         self.seconds += time.perf_counter() - started
 
     def discard_step(self) -> None:
         """Forget a step that was undone (non-finite on some rank): it measured nothing, and a
-        requested sample is taken from the next step instead. The measured steps before it
+        requested sample is taken from the next step instead (its step before stays the step
+        before the undone one, whose factor ACP-SGD's next step uses). The measured steps before it
         stay: an undone step leaves the compressor's state (ACP-SGD's turn) as it was."""
-        self._sums, self._pending_sample = _StepSums(), []
+        self._sums, self._pending_sample = _StepSums(), {}
         self.last = None
         self._count_down()
 
@@ -272,13 +286,25 @@ class ErrorMeter:
         return torch.cat(xs + losts + gs)
 
     def request_sample(self) -> None:
-        """Keep the next step's gradient matrices (call between steps)."""
-        self._sampling = True
+        """Keep the next two steps' gradient matrices (call between steps): the second is the
+        sample, the first its step before."""
+        self._sampling = 2
 
-    def take_sample(self) -> list[torch.Tensor]:
-        """The latest sampled gradient tensors (then forgotten)."""
-        sample, self.sample = self.sample, []
-        return sample
+    def take_sample(self) -> GradientSample:
+        """The latest sample (then forgotten; empty when there is none)."""
+        sample, self.sample = self.sample, None
+        return sample if sample is not None else GradientSample([], [])
+
+    def _selected(self, tensors: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) -> GradientSample:
+        """The largest of ``tensors`` first, up to ``sample_elements`` in all, with the same
+        parameters' tensors of the step before."""
+        kept, previous, budget = [], [], self.sample_elements
+        for key, tensor in sorted(tensors.items(), key=lambda item: item[1].numel(), reverse=True):
+            if tensor.numel() <= budget:
+                kept.append(tensor)
+                previous.append(before.get(key))
+                budget -= tensor.numel()
+        return GradientSample(kept, previous)
 
 
 def update_efficiency(x: torch.Tensor, lost: torch.Tensor, grad: torch.Tensor) -> float | None:
@@ -340,30 +366,37 @@ def group_error(meter: ErrorMeter, group: dist.ProcessGroup | None = None) -> fl
     return meter.group_last
 
 
-def estimate_errors(tensors: Iterable[torch.Tensor], specs: Sequence[CompressorSpec]) -> dict[str, float]:
-    """Each candidate's relative error ``ε`` on ``tensors`` (pooled: ``sqrt(Σ lost² / Σ ‖x‖²)``).
+def estimate_errors(tensors: Iterable[torch.Tensor], specs: Sequence[CompressorSpec],
+                    previous: Sequence[torch.Tensor | None] | None = None) -> dict[str, float]:
+    """Each candidate's relative error ``ε`` on ``tensors`` (pooled: ``sqrt(Σ lost² / Σ ‖x‖²)``);
+    ``previous``: the same parameters' gradients one step before, in the same order (None, or a
+    None entry, where the sample has none).
 
     A tensor the candidate leaves uncompressed (``wire.is_compressed``) counts with no loss.
-    What a compressed one loses is its kernel's ``Compressor.lost_energy``: low-rank, the best
-    rank-r approximation's error (Eckart–Young, from ``svdvals``); top-k, the mass outside the
-    k largest magnitudes; signsgd, the scaled sign's closed form; the casts (by running them)
-    their rounding; none: 0.
+    What a compressed one loses is its kernel's ``Compressor.lost_energy``: PowerSGD, the best
+    rank-r approximation's error (Eckart–Young, from ``svdvals``); ACP-SGD, the error of
+    projecting on the step before's top-r subspaces (its factor is a step old; the best rank-r
+    error without ``previous``); top-k, the mass outside the k largest magnitudes; signsgd,
+    the scaled sign's closed form; the casts (by running them) their rounding; none: 0.
     """
     tensors = [t.detach() for t in tensors]
+    before = list(previous) if previous is not None else [None] * len(tensors)
+    if len(before) != len(tensors):
+        raise ValueError(f"previous: must hold one entry per tensor ({len(tensors)}), got {len(before)}")
     total = math.fsum(float(torch.sum(t.float() ** 2)) for t in tensors)
     lost: dict[str, float] = {spec.label: 0.0 for spec in specs}
     kernels = {spec.name: kernel_class(spec.name) for spec in specs}
     lossy = {spec.label for spec in specs if registry.is_lossy(spec.name)}
     compressing: set[str] = set()
     with torch.no_grad():
-        for tensor in tensors:
+        for tensor, prior in zip(tensors, before):
             shape = tuple(tensor.shape)
             flat = tensor.reshape(-1).to(torch.float32)
-            cache: dict[str, torch.Tensor] = {}
+            cache: dict[str, Any] = {}
             for spec in specs:
                 if wire.is_compressed(spec, shape):
                     compressing.add(spec.label)
-                    lost[spec.label] += kernels[spec.name].lost_energy(spec, tensor, flat, cache)
+                    lost[spec.label] += kernels[spec.name].lost_energy(spec, tensor, flat, cache, prior)
     errors = {label: round(relative_error(value, total), 6) for label, value in lost.items()}
     unresolved = [spec for spec in specs if errors[spec.label] == 0.0 and spec.label in lossy & compressing and total > 0]
     return {**errors, **{spec.label: _stand_in(spec, specs, errors) for spec in unresolved}}

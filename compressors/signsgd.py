@@ -47,7 +47,8 @@ def unpack_signs(packed: torch.Tensor, count: int, dtype: torch.dtype = torch.fl
 
 class EFSignSGD(ErrorFeedbackCompressor):
     @classmethod
-    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any]) -> float:
+    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any],
+                    previous: torch.Tensor | None = None) -> float:
         """The scaled sign's closed form: ``‖x‖² − ‖x‖₁² / numel``."""
         l1 = float(torch.sum(flat.abs()))
         return max(0.0, float(torch.sum(flat * flat)) - l1 * l1 / flat.numel())

@@ -26,7 +26,8 @@ from planning.wire import INDEX_BYTES, topk_count
 
 class TopK(ErrorFeedbackCompressor):
     @classmethod
-    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any]) -> float:
+    def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any],
+                    previous: torch.Tensor | None = None) -> float:
         """The mass outside the k largest magnitudes."""
         if "magnitudes" not in cache:
             cache["magnitudes"] = torch.sort(flat * flat, descending=True).values

@@ -63,9 +63,10 @@ class QualitySignal:
         if not self.candidates:
             return
         elapsed = time.monotonic() - self.started
-        if self._requested and self.meter.sample:
+        if self._requested and self.meter.sample is not None:
             started = time.perf_counter()
-            self.estimates = estimate_errors(self.meter.take_sample(), self.candidates)
+            sample = self.meter.take_sample()
+            self.estimates = estimate_errors(sample.tensors, self.candidates, sample.previous)
             cost = time.perf_counter() - started
             self.estimate_s += cost
             self.scheduler.record(elapsed, cost)

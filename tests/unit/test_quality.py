@@ -147,16 +147,20 @@ def test_the_hook_measures_the_running_error_and_samples_gradients(one_process_g
     sync = GradientSync(build("acpsgd", rank=2)).install(model)
     sync.error_meter = meter = ErrorMeter()
     errors = []
-    for step in range(3):
+    for step in range(4):
         if step == 2:
             meter.request_sample()
         model.zero_grad()
         nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
         errors.append(meter.last)
+        assert (meter.sample is None) == (step < 3)  # the sample is the second of the two steps
     assert all(e is not None and 0.05 < e < 1 for e in errors)
     sample = meter.take_sample()
-    assert sorted(tuple(t.shape) for t in sample) == [(10, 64), (64, 32)]
-    assert meter.take_sample() == []
+    assert sorted(tuple(t.shape) for t in sample.tensors) == [(10, 64), (64, 32)]
+    # each with the same parameter's gradient the step before (ACP-SGD's estimate uses it)
+    assert [tuple(t.shape) for t in sample.previous] == [tuple(t.shape) for t in sample.tensors]
+    assert not any(torch.equal(before, now) for before, now in zip(sample.previous, sample.tensors))
+    assert meter.take_sample() == ([], []) and meter.sample is None
     sync.switch(build("none"))
     model.zero_grad()
     nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
@@ -218,11 +222,13 @@ def test_a_due_estimate_that_cannot_matter_is_deferred_at_no_cost(one_process_gr
 
     step(gate(False))  # due at start: asked, deferred
     step(gate(False))  # within the interval: not even asked
-    assert asked == [False] and signal.deferred == 1 and signal.estimates == {} and signal.meter.sample == []
+    assert asked == [False] and signal.deferred == 1 and signal.estimates == {} and signal.meter.sample is None
     assert signal.overhead()["estimates"] == 0 and signal.overhead()["estimates_deferred"] == 1
     time.sleep(1.05)  # two steps of this MLP take milliseconds: the first two came within the interval
-    step(gate(True))  # due again: asked, a sample requested
-    step(gate(True))  # the estimate runs on it
+    step(gate(True))  # due again: asked, a sample requested (the next step and its step before)
+    step(gate(True))  # the step before the sample
+    assert signal.estimates == {}
+    step(gate(True))  # the estimate runs on the sample
     assert asked == [False, True] and set(signal.estimates) >= {"acpsgd-r8", "acpsgd-r1"}
     assert signal.overhead()["estimates"] == 1 and signal.estimate_s > 0
 
@@ -254,7 +260,11 @@ def test_after_an_exchange_the_meter_measures_only_the_step_the_next_one_reads()
         kept.append(meter.cycle.coordinate_sample)
         errors.append(meter.last)
     assert kept[:2] == [None, None] and errors[:2] == [None, None]  # skipped: nothing measured
-    assert len(meter.take_sample()) == 2  # conv.weight and fc.weight of step 1
+    sample = meter.take_sample()  # fc.weight and conv.weight of step 2, each with its gradient of step 1
+    raw = {step: {slot.key: slot.grad for slot in _bucket(step)[1]} for step in (1, 2)}
+    assert [t.shape for t in sample.tensors] == [(48, 64), (16, 4, 3, 3)]  # the largest first
+    for key, now, before in zip(("fc.weight", "conv.weight"), sample.tensors, sample.previous):
+        assert torch.equal(now, raw[2][key]) and before is not None and torch.equal(before, raw[1][key])
     assert kept[2] is not None and kept[3] is not None and kept[3] is not kept[2]  # then every step
     assert 0.05 < errors[2] < 1 and 0.05 < errors[3] < 1
     assert kept[2].numel() == 3 * sum(max(1, round(1024 * math.prod(s) / meter.total_elements)) for s in SHAPES.values())
@@ -381,3 +391,64 @@ def test_a_cycle_is_read_only_from_consecutive_steps():
     assert meter.cycle.error is None
     _metered_step(meter, compressor, 6)  # measured again: the turn after step 4's, a whole cycle
     assert meter.cycle.error is not None
+
+
+def _stale_projection_error(current: torch.Tensor, before: torch.Tensor, rank: int) -> float:
+    """ε of projecting ``current`` on ``before``'s top-``rank`` subspaces, by definition: the
+    mean of the right (P-step) and the left (Q-step) projection's lost energy."""
+    g, b = current.double(), before.double()
+    u, _, vh = torch.linalg.svd(b, full_matrices=False)
+    left, right = u[:, :rank], vh[:rank].T
+    lost = 0.5 * (float(torch.sum((g - g @ right @ right.T) ** 2)) + float(torch.sum((g - left @ left.T @ g) ** 2)))
+    return math.sqrt(lost / float(torch.sum(g * g)))
+
+
+def test_acpsgds_estimate_projects_on_the_step_befores_subspaces():
+    """ACP-SGD's step projects the gradient on the factor the step before produced; its
+    estimate takes that factor at its best (the step before's top-r singular vectors)."""
+    gen = torch.Generator().manual_seed(6)
+    shared = torch.randn(40, 6, generator=gen)
+    before = shared @ torch.randn(6, 30, generator=gen) + 0.3 * torch.randn(40, 30, generator=gen)
+    now = shared @ torch.randn(6, 30, generator=gen) + 0.3 * torch.randn(40, 30, generator=gen)
+    specs = [make_spec("acpsgd", rank=2), make_spec("acpsgd", rank=4), make_spec("powersgd", rank=2)]
+    errors = estimate_errors([now], specs, previous=[before])
+    assert errors["acpsgd-r2"] == pytest.approx(_stale_projection_error(now, before, 2), rel=1e-4)
+    assert errors["acpsgd-r4"] == pytest.approx(_stale_projection_error(now, before, 4), rel=1e-4)
+    assert errors["powersgd-r2"] == pytest.approx(_svd_error(now, 2), rel=1e-4)  # refits to this step: unaffected
+    assert errors["acpsgd-r2"] > errors["powersgd-r2"]  # a stale subspace is never better than the best one
+    # the step before's subspaces are this step's own: the best rank-r error (Eckart–Young, both sides)
+    assert estimate_errors([now], specs, previous=[now])["acpsgd-r2"] == pytest.approx(_svd_error(now, 2), rel=1e-4)
+    # no step before: the best case
+    assert estimate_errors([now], specs, previous=[None])["acpsgd-r2"] == pytest.approx(_svd_error(now, 2), rel=1e-4)
+    # subspaces orthogonal to this step's gradient capture nothing of it
+    one = torch.zeros(8, 8)
+    one[0, 0] = 1.0
+    other = torch.zeros(8, 8)
+    other[1, 1] = 1.0
+    assert estimate_errors([one], [make_spec("acpsgd", rank=1)], previous=[other]) == {"acpsgd-r1": 1.0}
+    with pytest.raises(ValueError, match="previous"):
+        estimate_errors([now], specs, previous=[])
+
+
+def test_acpsgds_estimate_is_what_its_kernel_loses_with_that_factor():
+    """Against the kernel itself, one rank, no residual yet: an ACP-SGD P-step whose kept
+    factor is the step before's top-r right singular vectors loses the right projection's
+    energy, a Q-step with the left ones the left projection's; the estimate is their mean."""
+    from compressors.acpsgd import P_STEP, Q_STEP
+    from compressors.lowrank import Factors
+
+    gen = torch.Generator().manual_seed(7)
+    before, now = torch.randn(24, 16, generator=gen), torch.randn(24, 16, generator=gen)
+    u, _, vh = torch.linalg.svd(before, full_matrices=False)
+    lost = []
+    for factors in (Factors(q=vh[:3].T.contiguous(), parity=P_STEP),
+                    Factors(q=vh[:3].T.contiguous(), p=u[:, :3].contiguous(), parity=Q_STEP)):
+        compressor = build("acpsgd", rank=3)
+        compressor.factors.replace("w", factors)
+        buffer = now.reshape(-1).clone()
+        run_in_lockstep([compressor.process(buffer, [GradSlot(key="w", grad=buffer.view(24, 16))], 1)])
+        compressor.end_step()
+        lost.append(float(torch.sum((now.reshape(-1) - buffer) ** 2)))
+    expected = math.sqrt(sum(lost) / 2 / float(torch.sum(now * now)))
+    estimate = estimate_errors([now], [make_spec("acpsgd", rank=3)], previous=[before])["acpsgd-r3"]
+    assert estimate == pytest.approx(expected, rel=1e-4)
