@@ -113,11 +113,13 @@ ERROR_BATCH = {"resnet50": 8, "bert-base": 32}
 
 
 def measured_errors(model: str, specs: Sequence[CompressorSpec], batch: int = 2) -> dict[str, float]:
-    """Every candidate's estimated error on one real backward of ``model`` (synthetic batch, CPU)."""
+    """Every candidate's estimated error on real backwards of ``model`` (synthetic batches, CPU):
+    the sample is the second of two batches' gradients, the first its step before (ACP-SGD's
+    estimate projects on the step before's subspaces; both at the same weights here)."""
     import torch
     import torch.nn.functional as F
 
-    from compressors.quality import estimate_errors
+    from compressors.quality import estimate_errors, largest_within
     from workers.data import build_dataset, input_spec
     from workers.models import build_model
 
@@ -126,17 +128,17 @@ def measured_errors(model: str, specs: Sequence[CompressorSpec], batch: int = 2)
     net = build_model(model, **kwargs)
     data = build_dataset("synthetic", model=model, split="train", seed=0, seq_len=64,
                          image_size=kwargs.get("image_size"))
-    inputs = torch.stack([data[i][0] for i in range(batch)])
-    targets = torch.tensor([int(data[i][1]) for i in range(batch)])
-    F.cross_entropy(net(inputs), targets).backward()
-    grads = sorted((p.grad for p in net.parameters() if p.grad is not None and p.grad.dim() >= 2),
-                   key=lambda g: g.numel(), reverse=True)
-    sample, budget = [], 4_000_000
-    for grad in grads:
-        if grad.numel() <= budget:
-            sample.append(grad)
-            budget -= grad.numel()
-    return estimate_errors(sample, specs)
+    steps = []
+    for first in (0, batch):  # the step before, then the sample's step
+        net.zero_grad()
+        inputs = torch.stack([data[i][0] for i in range(first, first + batch)])
+        targets = torch.tensor([int(data[i][1]) for i in range(first, first + batch)])
+        F.cross_entropy(net(inputs), targets).backward()
+        steps.append({name: p.grad.detach().clone() for name, p in net.named_parameters()
+                      if p.grad is not None and p.grad.dim() >= 2})
+    before, now = steps
+    chosen = largest_within(now, 4_000_000)
+    return estimate_errors([now[key] for key in chosen], specs, [before[key] for key in chosen])
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from the full tensors (not the meter's sample):
 and the held-out loss of the final model. For the low-rank choices also each step's error
 estimate as the adaptive policy computes it (``compressors.quality.estimate_errors`` on the raw
 gradient, with the step before's for ACP-SGD's stale factor) and the best rank-r error beside it,
-each with the share ``η / δ(estimate)`` (``η`` the cosine, ``δ = 1 − ε²``) the running
+each with the share ``cos / δ(estimate)`` (the cosine, the policy's η; ``δ = 1 − ε²``) the running
 compressor kept of it: the calibration ``planning.progress`` carries across a family's ranks. One process (world size 1, batch 64 = the
 benchmark's 2 × 32, a one-process gloo group), so the group's mean is the rank's own; the
 benchmark's schedule (SGD with momentum 0.9, lr 0.02 decayed to 0 along a cosine, 300 steps).
@@ -148,7 +148,7 @@ def _median_at(rows: list[tuple[float, float]], column: int, skip: int) -> float
 def markdown(doc: dict[str, Any]) -> str:
     rows = sorted(doc["choices"].items(), key=lambda item: item[1]["held_out_loss"])
     lines = ["| choice | held-out loss | vs none | ε (median) | ⟨u,g⟩/‖g‖² (median) | cos²(u,g) (median) | 1 − ε² "
-             "| ρ = ‖e‖/‖g‖ | estimate ε | η / δ(estimate) | best-case ε | η / δ(best case) |",
+             "| ρ = ‖e‖/‖g‖ | estimate ε | cos / δ(estimate) | best-case ε | cos / δ(best case) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = doc["choices"].get("none", {}).get("held_out_loss")
     for label, r in rows:
@@ -161,9 +161,9 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def _estimate_cells(row: dict[str, Any], key: str) -> str:
-    """The estimate's median and the share ``η / δ(estimate)`` of it the choice kept, with
-    ``η = √cos²`` (the policy's calibration, ``planning.progress.efficiency_ratio``); dashes
-    for a choice without an estimate of this kind."""
+    """The estimate's median and the share ``cos / δ(estimate)`` of it the choice kept, with
+    ``cos = √cos²``, the policy's η (its calibration: ``planning.progress.efficiency_ratio``);
+    dashes for a choice without an estimate of this kind."""
     estimate = row.get(key)
     if estimate is None:
         return "- | -"

@@ -51,7 +51,7 @@ import math
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -67,6 +67,17 @@ _HALF = (torch.float16, torch.bfloat16)
 #: Coordinates of the whole gradient every rank keeps per step for :func:`group_error`
 #: (spread over the tensors in proportion to their size, the same ones on every rank).
 GROUP_COORDINATES = 1024
+
+
+def largest_within(tensors: Mapping[str, torch.Tensor], budget: int) -> list[str]:
+    """The keys of ``tensors`` largest first, each kept while the elements kept stay within
+    ``budget`` (a smaller tensor may still fit after a larger one did not)."""
+    kept = []
+    for key, tensor in sorted(tensors.items(), key=lambda item: item[1].numel(), reverse=True):
+        if tensor.numel() <= budget:
+            kept.append(key)
+            budget -= tensor.numel()
+    return kept
 
 
 class GradientSample(NamedTuple):
@@ -128,11 +139,12 @@ class ErrorMeter:
         self.seconds = 0.0
         self.steps = 0
         #: After :meth:`request_sample`, the next two steps keep copies of their gradient
-        #: matrices; the second's (largest first, up to ``sample_elements`` in all) and the
-        #: first's of the same parameters become the sample for :func:`estimate_errors`.
+        #: matrices (the largest first, up to ``sample_elements`` in all, chosen in the first
+        #: step; the second copies only those): the second's are the sample for
+        #: :func:`estimate_errors`, the first's its step before.
         self.sample_elements = sample_elements
         self.sample: GradientSample | None = None
-        self._sampling = 0  # steps still to sample
+        self._sample_steps_left = 0
         self._pending_sample: dict[str, torch.Tensor] = {}
         self._sample_before: dict[str, torch.Tensor] = {}
         self._sums = _StepSums()
@@ -151,7 +163,8 @@ class ErrorMeter:
             # Only the last cycle before an exchange is measured; else only a requested sample is taken.
             sums.measured = self._until_exchange is None or self._until_exchange <= cycle_steps(compressor)
             for slot in slots:
-                if self._sampling and slot.grad.dim() >= 2:
+                if self._sample_steps_left and slot.grad.dim() >= 2 and (
+                        not self._sample_before or slot.key in self._sample_before):
                     kept = torch.float32 if slot.grad.dtype in _HALF else slot.grad.dtype  # svdvals needs it
                     self._pending_sample[slot.key] = slot.grad.detach().to(dtype=kept, copy=True)
                 if not sums.measured:
@@ -197,17 +210,26 @@ class ErrorMeter:
             else:
                 self.cycle.extend(MeasuredStep(compressor.label, cycle_steps(compressor), sample, lost_sq, total))
         self._count_down()
-        if self._sampling:
-            self._sampling -= 1
-            if self._sampling:  # the first of the two: the step before the sample
-                self._sample_before = self._pending_sample
-            elif self._pending_sample:
-                self.sample = self._selected(self._pending_sample, self._sample_before)
-            if not self._sampling:
-                self._sample_before = {}
-            self._pending_sample = {}
+        self._advance_sample()
         self.steps += 1
         self.seconds += time.perf_counter() - started
+
+    def _advance_sample(self) -> None:
+        """After a completed step of a requested sample: the first step's largest matrices
+        within the budget become the step before (and the parameters the second step copies);
+        the second step's, with them, the sample (none when it copied no matrix)."""
+        if not self._sample_steps_left:
+            return
+        self._sample_steps_left -= 1
+        pending, self._pending_sample = self._pending_sample, {}
+        chosen = largest_within(pending, self.sample_elements)
+        if self._sample_steps_left:  # the first of the two
+            self._sample_before = {key: pending[key] for key in chosen}
+            return
+        if chosen:
+            self.sample = GradientSample([pending[key] for key in chosen],
+                                         [self._sample_before.get(key) for key in chosen])
+        self._sample_before = {}
 
     def discard_step(self) -> None:
         """Forget a step that was undone (non-finite on some rank): it measured nothing, and a
@@ -288,23 +310,13 @@ class ErrorMeter:
     def request_sample(self) -> None:
         """Keep the next two steps' gradient matrices (call between steps): the second is the
         sample, the first its step before."""
-        self._sampling = 2
+        self._sample_steps_left = 2
 
     def take_sample(self) -> GradientSample:
         """The latest sample (then forgotten; empty when there is none)."""
         sample, self.sample = self.sample, None
         return sample if sample is not None else GradientSample([], [])
 
-    def _selected(self, tensors: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) -> GradientSample:
-        """The largest of ``tensors`` first, up to ``sample_elements`` in all, with the same
-        parameters' tensors of the step before."""
-        kept, previous, budget = [], [], self.sample_elements
-        for key, tensor in sorted(tensors.items(), key=lambda item: item[1].numel(), reverse=True):
-            if tensor.numel() <= budget:
-                kept.append(tensor)
-                previous.append(before.get(key))
-                budget -= tensor.numel()
-        return GradientSample(kept, previous)
 
 
 def update_efficiency(x: torch.Tensor, lost: torch.Tensor, grad: torch.Tensor) -> float | None:

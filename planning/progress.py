@@ -230,10 +230,11 @@ def efficiency_ratio(estimate: float | None, efficiency: float) -> float | None:
     estimate lies in [0, 1).
 
     The hold at 1 holds for every family: the estimates are each compressor's best case on the
-    raw gradient (PowerSGD: the truncated spectrum; ACP-SGD: the step before's top-r subspaces,
-    the best its one-step-old factor could be; top-k: the dropped mass), and error feedback's
-    residual only adds to what a step loses, so a sample above it is noise of the
-    1024-coordinate sampled η, not a family that runs better than its best case."""
+    raw gradient (PowerSGD: the truncated spectrum; top-k: the dropped mass), and error
+    feedback's residual only adds to what a step loses, so a sample above it is noise of the
+    1024-coordinate sampled η, not a family that runs better than its best case. ACP-SGD's
+    (the step before's top-r subspaces) is a proxy, not a bound; measured, its running share
+    stayed below it (0.78-0.93 on the CNN, ``compressors.acpsgd.ACPSGD.lost_energy``)."""
     if estimate is None or not 0 <= estimate < 1:
         return None
     return min(1.0, as_efficiency(efficiency) / contraction(estimate))

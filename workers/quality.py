@@ -8,7 +8,7 @@ asks its meter for a sample of gradient matrices when an estimate is due, and ti
 everything it does, so the summary can state the overhead (``overhead()``).
 
 Why a budget: an estimate costs one ``svdvals`` per sampled matrix (0.1-0.3 s for BERT's
-largest on a CPU core); at a fixed step interval that would be a fixed share of a fast step
+largest on a CPU core), and one full SVD more of its step before where ACP-SGD is a candidate; at a fixed step interval that would be a fixed share of a fast step
 and nothing of a slow one. Like the probe (``workers.probe_scheduler.ProbeScheduler``), it runs at most
 every ``probe_interval_s`` and only while its total cost stays within ``budget`` of the run
 time; half the job's probe budget is the default. And only when it could matter: the caller
@@ -58,7 +58,7 @@ class QualitySignal:
         self._requested = False
 
     def after_step(self, can_matter: Callable[[], bool] = lambda: True) -> None:
-        """Between steps: run an estimate on a sample taken last step; request the next one
+        """Between steps: run an estimate on a sample (the two steps after a request); request the next one
         when one is due and ``can_matter()`` (asked only then), else defer it one interval."""
         if not self.candidates:
             return

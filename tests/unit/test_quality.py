@@ -452,3 +452,40 @@ def test_acpsgds_estimate_is_what_its_kernel_loses_with_that_factor():
     expected = math.sqrt(sum(lost) / 2 / float(torch.sum(now * now)))
     estimate = estimate_errors([now], [make_spec("acpsgd", rank=3)], previous=[before])["acpsgd-r3"]
     assert estimate == pytest.approx(expected, rel=1e-4)
+
+
+def test_a_sample_is_two_consecutive_applied_steps_of_the_largest_matrices_within_the_budget():
+    """The first step chooses the matrices (largest first within ``sample_elements``) and is
+    kept as the step before; the second copies only those. An undone step in between is no
+    step: the sample's step before stays the last applied one. A budget no matrix fits gives
+    no sample (an empty one would estimate every candidate lossless)."""
+    compressor = build("powersgd", rank=2)
+    meter = ErrorMeter(sample_elements=48 * 64)  # fc.weight fits, conv.weight (576) not beside it
+    meter.request_sample()
+    _metered_step(meter, compressor, 1)  # the step before
+    buffer, slots = _bucket(9)
+    meter.bucket(slots, compressor)  # a step that is then undone (non-finite on some rank)
+    meter.discard_step()
+    assert meter.sample is None
+    _metered_step(meter, compressor, 2)
+    sample = meter.take_sample()
+    raw = {step: {slot.key: slot.grad for slot in _bucket(step)[1]} for step in (1, 2)}
+    assert len(sample.tensors) == 1 and torch.equal(sample.tensors[0], raw[2]["fc.weight"])
+    assert torch.equal(sample.previous[0], raw[1]["fc.weight"])
+    tiny = ErrorMeter(sample_elements=10)
+    tiny.request_sample()
+    for step in range(3):
+        _metered_step(tiny, compressor, step)
+    assert tiny.sample is None and tiny.take_sample() == ([], [])
+
+
+def test_acpsgds_estimate_counts_no_capture_in_directions_the_step_before_lacks():
+    """A step before of rank 1 holds one direction: the rank-4 estimate captures what that
+    direction holds of this step and nothing more (its other singular vectors are arbitrary)."""
+    gen = torch.Generator().manual_seed(8)
+    u, v = torch.randn(20, 1, generator=gen), torch.randn(16, 1, generator=gen)
+    before = u @ v.T
+    now = torch.randn(20, 16, generator=gen)
+    errors = estimate_errors([now], [make_spec("acpsgd", rank=1), make_spec("acpsgd", rank=4)], previous=[before])
+    assert errors["acpsgd-r4"] == pytest.approx(errors["acpsgd-r1"], rel=1e-5)
+    assert errors["acpsgd-r1"] == pytest.approx(_stale_projection_error(now, before, 1), rel=1e-4)
