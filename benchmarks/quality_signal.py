@@ -162,8 +162,9 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def _estimate_cells(row: dict[str, Any], key: str) -> str:
     """The estimate's median and the share ``cos / δ(estimate)`` of it the choice kept, with
-    ``cos = √cos²``, the policy's η (its calibration: ``planning.progress.efficiency_ratio``);
-    dashes for a choice without an estimate of this kind."""
+    ``cos = √cos²``, the policy's η (its calibration: ``planning.progress.efficiency_ratio``,
+    which holds the share at 1; here a ratio of medians, not held); dashes for a choice
+    without an estimate of this kind."""
     estimate = row.get(key)
     if estimate is None:
         return "- | -"

@@ -164,7 +164,7 @@ class ErrorMeter:
             sums.measured = self._until_exchange is None or self._until_exchange <= cycle_steps(compressor)
             for slot in slots:
                 if self._sample_steps_left and slot.grad.dim() >= 2 and (
-                        not self._sample_before or slot.key in self._sample_before):
+                        self._sample_steps_left == 2 or slot.key in self._sample_before):
                     kept = torch.float32 if slot.grad.dtype in _HALF else slot.grad.dtype  # svdvals needs it
                     self._pending_sample[slot.key] = slot.grad.detach().to(dtype=kept, copy=True)
                 if not sums.measured:
@@ -225,6 +225,8 @@ class ErrorMeter:
         chosen = largest_within(pending, self.sample_elements)
         if self._sample_steps_left:  # the first of the two
             self._sample_before = {key: pending[key] for key in chosen}
+            if not chosen:  # no matrix fits: the second step would have none either
+                self._sample_steps_left = 0
             return
         if chosen:
             self.sample = GradientSample([pending[key] for key in chosen],
@@ -312,6 +314,11 @@ class ErrorMeter:
         sample, the first its step before."""
         self._sample_steps_left = 2
 
+    @property
+    def sampling(self) -> bool:
+        """A requested sample's steps are still to come."""
+        return self._sample_steps_left > 0
+
     def take_sample(self) -> GradientSample:
         """The latest sample (then forgotten; empty when there is none)."""
         sample, self.sample = self.sample, None
@@ -392,23 +399,23 @@ def estimate_errors(tensors: Iterable[torch.Tensor], specs: Sequence[CompressorS
     the scaled sign's closed form; the casts (by running them) their rounding; none: 0.
     """
     tensors = [t.detach() for t in tensors]
-    before = list(previous) if previous is not None else [None] * len(tensors)
-    if len(before) != len(tensors):
-        raise ValueError(f"previous: must hold one entry per tensor ({len(tensors)}), got {len(before)}")
+    previous = list(previous) if previous is not None else [None] * len(tensors)
+    if len(previous) != len(tensors):
+        raise ValueError(f"previous: must hold one entry per tensor ({len(tensors)}), got {len(previous)}")
     total = math.fsum(float(torch.sum(t.float() ** 2)) for t in tensors)
     lost: dict[str, float] = {spec.label: 0.0 for spec in specs}
     kernels = {spec.name: kernel_class(spec.name) for spec in specs}
     lossy = {spec.label for spec in specs if registry.is_lossy(spec.name)}
     compressing: set[str] = set()
     with torch.no_grad():
-        for tensor, prior in zip(tensors, before):
+        for tensor, tensor_before in zip(tensors, previous):
             shape = tuple(tensor.shape)
             flat = tensor.reshape(-1).to(torch.float32)
             cache: dict[str, Any] = {}
             for spec in specs:
                 if wire.is_compressed(spec, shape):
                     compressing.add(spec.label)
-                    lost[spec.label] += kernels[spec.name].lost_energy(spec, tensor, flat, cache, prior)
+                    lost[spec.label] += kernels[spec.name].lost_energy(spec, tensor, flat, cache, tensor_before)
     errors = {label: round(relative_error(value, total), 6) for label, value in lost.items()}
     unresolved = [spec for spec in specs if errors[spec.label] == 0.0 and spec.label in lossy & compressing and total > 0]
     return {**errors, **{spec.label: _stand_in(spec, specs, errors) for spec in unresolved}}

@@ -193,7 +193,8 @@ def measured_errors(measured: Measured) -> tuple[tuple[str, float], ...]:
 def family(label: str) -> str:
     """Candidates whose estimates err the same way: the ranks (or ratios) of one compressor
     (``Codec.error_family``, by default the compressor's name). ACP-SGD and PowerSGD are two
-    families: at the same rank ACP-SGD loses more than PowerSGD (``planning/codecs/lowrank.py``)."""
+    families: at the same rank ACP-SGD loses more than PowerSGD, and once a family has run its
+    own share prices its ranks (``planning/codecs/lowrank.py``, :func:`calibrated_errors`)."""
     return registry.codec(compressor_of(label)).error_family()
 
 
@@ -266,17 +267,16 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
       ``ε = exp(a) · rank^b`` fitted to those measurements (:func:`rank_fit`);
     - any other label of a family that has run, by ``c`` of the family's latest measured label
       whose estimate is known (in [0, 1); a label without one leaves the share before it);
-    - a low-rank label of a family that has not run, by ``c`` of the latest measured low-rank
-      label of the other family (session 27). Why: since ACP-SGD's estimate is of its own kind
-      (the step before's subspaces, ``compressors.acpsgd.ACPSGD.lost_energy``) each low-rank
-      family keeps about the same share of its own estimate (the CNN: ACP-SGD 0.78-0.93,
-      PowerSGD 0.82-0.97, ``benchmarks/results/quality_signal.md``), so one family's share is
-      a fair prior for the other. Judged by its bare estimate, ACP-SGD r8 (estimate 0.53, δ
-      0.72) looked better than PowerSGD r4 measured at η ~0.6 and was tried, and kept, in
-      three of six oscillating runs of session 27's benchmark, where it runs at ~0.56. Until
-      session 15 this prior was taken too, with ACP-SGD's estimate the best rank-r error: its
-      share was then 0.45-0.81, far below PowerSGD's, and after ACP-SGD r4 had run PowerSGD r4
-      looked as lossy as it and never ran, though it was the best fixed choice at 50 Mbit/s;
+    - a low-rank label of a family that has not run at all, by ``c`` of the latest measured
+      low-rank label of the other family whose estimate is known (session 27). Why: since
+      ACP-SGD's estimate is of its own kind (``compressors.acpsgd.ACPSGD.lost_energy``) each
+      low-rank family keeps about the same share of its own estimate (the CNN's figures in
+      ``benchmarks/results/quality_signal.md``), so one family's share is a fair prior for the
+      other. Judged by its bare estimate, ACP-SGD was still tried after PowerSGD had run, and
+      kept, in half the oscillating runs of session 27's benchmark (README, "Latest runs
+      (session 27)"). Until session 15 this prior was taken too, when ACP-SGD's estimate was the
+      best rank-r error: the two shares differed about 2x, and after ACP-SGD r4 had run PowerSGD
+      r4 looked as lossy as it and never ran, though it was the best fixed choice at 50 Mbit/s;
     - any other, by its estimate: a family of its own kind that has not run (top-k, sign) is
       tried on its best case, so it can be measured; a pessimistic prior would keep it from
       ever running, and so from ever being measured.
@@ -286,20 +286,23 @@ def calibrated_errors(estimates: Mapping[str, float] | None, measured: Measured)
     out = dict(estimates or {})
     errors = dict(measured_errors(measured))
     shares: dict[str, float] = {}
-    low_rank_share: float | None = None  # the latest measured low-rank label's
+    ran = {family(label) for label, _ in measured}
+    low_rank_share: float | None = None  # of the latest measured low-rank label with a known estimate
     by_rank: dict[str, dict[int, float]] = {}
     for label, efficiency in measured:  # latest last: its share wins
         share = efficiency_ratio(out.get(label), efficiency)
         rank = rank_of(label)
         if share is not None:
             shares[family(label)] = share
-            low_rank_share = share if rank is not None else low_rank_share
+            if rank is not None:
+                low_rank_share = share
         if rank is not None:
             by_rank.setdefault(compressor_of(label), {})[rank] = errors[label]
     fits = {name: fit for name, points in by_rank.items() if (fit := rank_fit(points)) is not None}
     for label, estimate in list(out.items()):
         name, rank = compressor_of(label), rank_of(label)
-        share = shares.get(family(label), low_rank_share if rank is not None else None)
+        borrowed = low_rank_share if rank is not None and family(label) not in ran else None
+        share = shares.get(family(label), borrowed)
         if name in fits and rank is not None:
             a, b = fits[name]
             out[label] = min(1.0, math.exp(a + b * math.log(rank)))

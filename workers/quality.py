@@ -71,6 +71,9 @@ class QualitySignal:
             self.estimate_s += cost
             self.scheduler.record(elapsed, cost)
             self._requested = False
+        elif self._requested and not self.meter.sampling:  # the steps came and held no matrix
+            self._requested = False
+            self.scheduler.defer(elapsed)
         elif not self._requested and self.scheduler.due(elapsed, elapsed):
             if can_matter():
                 self.meter.request_sample()

@@ -24,9 +24,10 @@ class LowRankCodec(Codec):
     params = (RANK,)
     error_feedback = True
     # No shared error family: at the same rank ACP-SGD's measured error is above PowerSGD's
-    # (the CNN: 0.80 vs 0.71 at rank 4, 0.55 vs 0.30 at rank 16), and their estimates differ in
-    # kind (ACP-SGD's projects on the step before's subspaces: compressors.acpsgd), so the
-    # share of its estimate one keeps would misjudge the other (planning.progress.calibrated_errors).
+    # (the CNN: 0.80 vs 0.71 at rank 4, 0.55 vs 0.30 at rank 16) and their estimates differ in
+    # kind (ACP-SGD's projects on the step before's subspaces: compressors.acpsgd). The other
+    # family's share is only a prior until a family has run; its own share then prices its
+    # ranks (planning.progress.calibrated_errors).
 
     def compresses(self, spec: CompressorSpec, shape: Shape) -> bool:
         """Matrices (2-D or more) of at least ``min_compress_numel`` elements whose factors at

@@ -543,3 +543,16 @@ def test_a_low_rank_family_that_has_not_run_takes_the_other_familys_share_and_it
     estimates["acpsgd-r16"] = 0.26
     own = calibrated_errors(estimates, measured + (("acpsgd-r8", 0.5),))
     assert contraction(own["acpsgd-r16"]) == pytest.approx(0.5 / contraction(0.3175) * contraction(0.26))
+
+
+def test_a_family_that_ran_without_a_known_estimate_borrows_no_share():
+    """ACP-SGD ran, at a rank whose estimate is unknown, so it gives no share of its own: its
+    other ranks keep their estimates rather than borrow PowerSGD's share (the prior is for a
+    family that has not run at all)."""
+    from planning.progress import calibrated_errors
+
+    estimates = {"powersgd-r4": 0.2, "acpsgd-r16": 0.26}
+    judged = calibrated_errors(estimates, (("powersgd-r4", 0.70), ("acpsgd-r8", 0.5)))
+    assert judged["acpsgd-r16"] == 0.26
+    borrowed = calibrated_errors(estimates, (("powersgd-r4", 0.70),))
+    assert contraction(borrowed["acpsgd-r16"]) == pytest.approx(0.70 / contraction(0.2) * contraction(0.26))

@@ -476,7 +476,7 @@ def test_a_sample_is_two_consecutive_applied_steps_of_the_largest_matrices_withi
     tiny.request_sample()
     for step in range(3):
         _metered_step(tiny, compressor, step)
-    assert tiny.sample is None and tiny.take_sample() == ([], [])
+    assert tiny.sample is None and not tiny.sampling and tiny.take_sample() == ([], [])
 
 
 def test_acpsgds_estimate_counts_no_capture_in_directions_the_step_before_lacks():
@@ -489,3 +489,33 @@ def test_acpsgds_estimate_counts_no_capture_in_directions_the_step_before_lacks(
     errors = estimate_errors([now], [make_spec("acpsgd", rank=1), make_spec("acpsgd", rank=4)], previous=[before])
     assert errors["acpsgd-r4"] == pytest.approx(errors["acpsgd-r1"], rel=1e-5)
     assert errors["acpsgd-r1"] == pytest.approx(_stale_projection_error(now, before, 1), rel=1e-4)
+
+
+def test_a_requested_sample_that_holds_no_matrix_does_not_block_the_next_estimate(one_process_group):
+    """No sampled matrix fits the budget: the request lapses (and waits an interval) instead of
+    waiting for a sample that never comes; with the budget back, the next estimate runs."""
+    from planning.config import TrainConfig
+    from workers.quality import QualitySignal
+
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)))
+    sync = GradientSync(build("none")).install(model)
+    cfg = TrainConfig(name="q", model="mlp", dataset="synthetic", steps=10, workers=1, probe_interval_s=1e-6,
+                      compression={"mode": "adaptive", "compressor": "none", "allowed": ["none", "acpsgd"],
+                                   "max_rank": 8})
+    signal = QualitySignal(cfg, sync)
+    signal.meter.sample_elements = 1
+
+    def step() -> None:
+        model.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
+        signal.after_step()
+
+    step()  # the estimate is due: a sample requested
+    assert signal.meter.sampling
+    step()  # its first step chooses no matrix: the request lapses
+    assert signal.estimates == {} and not signal.meter.sampling and signal.meter.sample is None
+    signal.meter.sample_elements = 1_000_000
+    for _ in range(4):
+        step()
+    assert set(signal.estimates) >= {"acpsgd-r8", "acpsgd-r1"}
