@@ -303,7 +303,8 @@ def test_a_switch_not_yet_in_effect_leaves_no_dwell_after_a_release_or_a_new_wor
     a pin or a change of world size clears the dwell, and must clear that pending restart too,
     or the first report of the awaited choice would bring the dwell back."""
     from planning.controller import AdaptiveController
-    from planning.policy import Measurements, PolicyState, _switch_took_effect
+    from planning.hysteresis import switch_took_effect
+    from planning.policy import Measurements, PolicyState
     from planning.spec import make_spec
 
     pending = PolicyState(last_switch_at=100.0, awaiting="acpsgd-r4")
@@ -324,8 +325,8 @@ def test_a_switch_not_yet_in_effect_leaves_no_dwell_after_a_release_or_a_new_wor
     assert AdaptiveController(CompressionConfig(mode="adaptive")).state == PolicyState()
     # what the awaited choice's first report does: the dwell restarts, once
     m = Measurements(1e9, 1e-4, 2, None, make_spec("acpsgd", rank=4), running="acpsgd-r4")  # type: ignore[arg-type]
-    assert _switch_took_effect(pending, m, 130.0) == PolicyState(last_switch_at=130.0)
-    assert _switch_took_effect(PolicyState(), m, 130.0) == PolicyState()
+    assert switch_took_effect(pending, m, 130.0) == PolicyState(last_switch_at=130.0)
+    assert switch_took_effect(PolicyState(), m, 130.0) == PolicyState()
 
 
 def test_a_failing_policy_keeps_the_current_decision(monkeypatch):

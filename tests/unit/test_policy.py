@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import pytest
 
 from planning.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, predict_step
+from planning.hysteresis import switch, threshold
 from planning.link_smoothing import LinkAverage
 from planning.policy import (
     Keep,
@@ -17,12 +18,10 @@ from planning.policy import (
     PolicyConfig,
     PolicyState,
     Switch,
-    _Scored,
-    _switch,
-    _threshold,
     decide,
     without_dwell,
 )
+from planning.policy_types import Scored
 from planning.spec import CompressorSpec, make_spec
 
 GBIT10 = 1.25e9  # bytes/s
@@ -97,7 +96,7 @@ def test_noisy_bandwidth_does_not_flap(seed: int, exponent: float):
     # 8.55 and 8.6 (2.8 and 3.2 Gbit/s): where none and fp16 cross on this profile; with the
     # 2 % threshold between them both ways (session 23) these traces traded the two once a dwell.
     # A second move is allowed only as the one cheap correction of a lossy first pick: to a
-    # choice whose error is known that steps as fast, within 2 % (planning.policy._threshold;
+    # choice whose error is known that steps as fast, within 2 % (planning.hysteresis.threshold;
     # 3 of 220 such traces, 20 seeds), and never back to a choice it left.
     rng = random.Random(seed)
     level = 10**exponent
@@ -228,55 +227,55 @@ def test_between_none_and_the_casts_a_small_gain_switches_and_the_dwell_still_ho
 def test_every_choice_left_takes_the_full_threshold_and_a_lower_gain_threshold_caps_the_small_one():
     """``none`` → fp16 → bf16 → ``none`` would pass 2 % at every hop; each label left counts. From
     a lossy choice the small threshold holds only to a known error that steps as fast."""
-    def scored(label: str, tau: float) -> _Scored:
-        return _Scored(make_spec(label), label, tau, None, tau)
+    def scored(label: str, tau: float) -> Scored:
+        return Scored(make_spec(label), label, tau, None, tau)
 
     none, fp16, bf16, acp = scored("none", 1.0), scored("fp16", 0.97), scored("bf16", 0.95), scored("acpsgd", 0.9)
     state = PolicyState(left=("none", "fp16"))
-    assert _threshold(fp16, bf16, state, CFG) == 0.02  # bf16 was not left
-    assert _threshold(bf16, none, state, CFG) == _threshold(bf16, fp16, state, CFG) == CFG.gain_threshold
-    assert _threshold(none, acp, PolicyState(), CFG) == CFG.gain_threshold  # to a lossy choice: the full threshold
+    assert threshold(fp16, bf16, state, CFG) == 0.02  # bf16 was not left
+    assert threshold(bf16, none, state, CFG) == threshold(bf16, fp16, state, CFG) == CFG.gain_threshold
+    assert threshold(none, acp, PolicyState(), CFG) == CFG.gain_threshold  # to a lossy choice: the full threshold
     # From a lossy choice: cheap to a known error that steps as fast (within the small threshold:
     # two predictions level to their noise), the full threshold if the lossy one steps faster.
-    assert _threshold(scored("acpsgd", 1.0), fp16, PolicyState(), CFG) == 0.02
-    assert _threshold(scored("acpsgd", 0.97 * 0.985), fp16, PolicyState(), CFG) == 0.02
-    assert _threshold(acp, fp16, PolicyState(), CFG) == CFG.gain_threshold
-    assert _threshold(scored("acpsgd", 1.0), fp16, state, CFG) == CFG.gain_threshold  # fp16 was left before
+    assert threshold(scored("acpsgd", 1.0), fp16, PolicyState(), CFG) == 0.02
+    assert threshold(scored("acpsgd", 0.97 * 0.985), fp16, PolicyState(), CFG) == 0.02
+    assert threshold(acp, fp16, PolicyState(), CFG) == CFG.gain_threshold
+    assert threshold(scored("acpsgd", 1.0), fp16, state, CFG) == CFG.gain_threshold  # fp16 was left before
     low = dataclasses.replace(CFG, gain_threshold=0.01)
-    assert _threshold(none, fp16, PolicyState(), low) == 0.01 == _threshold(bf16, none, state, low)  # never inverted
+    assert threshold(none, fp16, PolicyState(), low) == 0.01 == threshold(bf16, none, state, low)  # never inverted
 
 
 def test_a_move_between_known_errors_that_the_measured_steps_refute_is_undone_once_at_the_small_threshold():
     """none → fp16 on a predicted 2 %; fp16 then measures slower than ``none`` did: back at the
     small threshold, once both have their own measured step (not on predictions alone). The
     undo is no move of its own to undo, and a later move cannot undo an older one."""
-    def scored(label: str, tau: float) -> _Scored:
-        return _Scored(make_spec(label), label, tau, None, tau)
+    def scored(label: str, tau: float) -> Scored:
+        return Scored(make_spec(label), label, tau, None, tau)
 
-    def move(state: PolicyState, current: _Scored, to: _Scored) -> PolicyState:
-        return _switch(to.spec, current, to, "test", state, 0.0)[1]
+    def move(state: PolicyState, current: Scored, to: Scored) -> PolicyState:
+        return switch(to.spec, current, to, "test", state, 0.0)[1]
 
     none, fp16, bf16 = scored("none", 0.96), scored("fp16", 1.0), scored("bf16", 0.99)
     measured = (("none", 0.0005), ("fp16", 0.003), ("bf16", 0.002))
     on_fp16 = move(PolicyState(), none, fp16)
     assert on_fp16.left == ("none",) and on_fp16.last_move == ("none", "fp16")
-    assert _threshold(fp16, none, on_fp16, CFG) == CFG.gain_threshold  # on predictions: the band holds
+    assert threshold(fp16, none, on_fp16, CFG) == CFG.gain_threshold  # on predictions: the band holds
     on_fp16 = dataclasses.replace(on_fp16, corrections=measured)
-    assert _threshold(fp16, none, on_fp16, CFG) == CFG.known_error_gain_threshold
-    assert _threshold(fp16, none, dataclasses.replace(on_fp16, corrections=measured[1:]), CFG) == CFG.gain_threshold
+    assert threshold(fp16, none, on_fp16, CFG) == CFG.known_error_gain_threshold
+    assert threshold(fp16, none, dataclasses.replace(on_fp16, corrections=measured[1:]), CFG) == CFG.gain_threshold
     # After the undo both are left and nothing is to undo: the full threshold either way.
     back = move(on_fp16, fp16, none)
     assert back.left == ("none", "fp16") and back.last_move is None
-    assert _threshold(none, fp16, back, CFG) == CFG.gain_threshold
+    assert threshold(none, fp16, back, CFG) == CFG.gain_threshold
     # none → bf16 (never left: cheap), then bf16 → fp16 is no undo: fp16 was left before.
     on_bf16 = move(back, none, bf16)
     assert on_bf16.last_move == ("none", "bf16")
-    assert _threshold(bf16, fp16, on_bf16, CFG) == CFG.gain_threshold
-    assert _threshold(bf16, none, on_bf16, CFG) == CFG.known_error_gain_threshold  # the one undo it has
+    assert threshold(bf16, fp16, on_bf16, CFG) == CFG.gain_threshold
+    assert threshold(bf16, none, on_bf16, CFG) == CFG.known_error_gain_threshold  # the one undo it has
     # A lossy choice in between leaves nothing to undo.
     acp = scored("acpsgd", 0.5)
     via_lossy = move(move(on_fp16, fp16, acp), acp, bf16)
-    assert via_lossy.last_move is None and _threshold(bf16, none, via_lossy, CFG) == CFG.gain_threshold
+    assert via_lossy.last_move is None and threshold(bf16, none, via_lossy, CFG) == CFG.gain_threshold
     assert without_dwell(on_fp16).last_move is None
 
 
@@ -287,9 +286,9 @@ def test_a_move_to_a_lossy_choice_leaves_no_label_behind():
     decision, after = decide(dataclasses.replace(slow_link_state(None), left=("none",)), measure(MBIT50, fp16), CFG, 1.0)
     assert isinstance(decision, Switch) and decision.spec.name in ("acpsgd", "powersgd")
     assert after.left == ("none",)
-    lossy = _Scored(decision.spec, decision.spec.label, 1.0, None, 1.0)
-    back = _Scored(fp16, "fp16", 0.95, None, 1.0)
-    assert _threshold(lossy, back, after, CFG) == CFG.known_error_gain_threshold
+    lossy = Scored(decision.spec, decision.spec.label, 1.0, None, 1.0)
+    back = Scored(fp16, "fp16", 0.95, None, 1.0)
+    assert threshold(lossy, back, after, CFG) == CFG.known_error_gain_threshold
 
 
 def test_rank_outside_bounds_is_fixed_at_once_and_settings_are_kept():

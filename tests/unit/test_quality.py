@@ -167,17 +167,23 @@ def test_the_hook_measures_the_running_error_and_samples_gradients(one_process_g
     assert meter.last == 0.0
 
 
-def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group):
+def _mlp_signal(probe_interval_s: float):
+    """An MLP on a one-process group with ``none`` running and rank 0's quality signal of an
+    adaptive job allowed ``none`` and ACP-SGD up to rank 8: (model, sync, cfg, signal)."""
     from planning.config import TrainConfig
     from workers.quality import QualitySignal
 
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)))
     sync = GradientSync(build("none")).install(model)
-    cfg = TrainConfig(name="q", model="mlp", dataset="synthetic", steps=10, workers=1, probe_interval_s=1e-6,
+    cfg = TrainConfig(name="q", model="mlp", dataset="synthetic", steps=10, workers=1, probe_interval_s=probe_interval_s,
                       compression={"mode": "adaptive", "compressor": "none", "allowed": ["none", "acpsgd"],
                                    "max_rank": 8})
-    signal = QualitySignal(cfg, sync)
+    return model, sync, cfg, QualitySignal(cfg, sync)
+
+
+def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group):
+    model, sync, cfg, signal = _mlp_signal(1e-6)
     for _ in range(4):
         model.zero_grad()
         nn.functional.cross_entropy(model(torch.randn(16, 32)), torch.randint(0, 10, (16,))).backward()
@@ -189,6 +195,8 @@ def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group
     assert signal.running_error("none") == 0.0 and signal.running_error("acpsgd-r4") is None  # not what ran
     overhead = signal.overhead()
     assert overhead["estimates"] >= 1 and overhead["estimate_s"] > 0 and 0 < overhead["share_of_run"] < 1
+    from workers.quality import QualitySignal
+
     fixed = QualitySignal(cfg.model_copy(update={"compression": cfg.compression.model_copy(update={"mode": "fixed"})}),
                           sync)
     assert fixed.candidates == () and (fixed.after_step() or fixed.estimates) == {}
@@ -197,16 +205,7 @@ def test_rank_zero_estimates_every_candidate_within_its_budget(one_process_group
 def test_a_due_estimate_that_cannot_matter_is_deferred_at_no_cost(one_process_group):
     """The gate is asked only when an estimate is due; while it says no, nothing is sampled or
     estimated and the estimate waits another interval; once it says yes, the next due one runs."""
-    from planning.config import TrainConfig
-    from workers.quality import QualitySignal
-
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)))
-    sync = GradientSync(build("none")).install(model)
-    cfg = TrainConfig(name="q", model="mlp", dataset="synthetic", steps=10, workers=1, probe_interval_s=1.0,
-                      compression={"mode": "adaptive", "compressor": "none", "allowed": ["none", "acpsgd"],
-                                   "max_rank": 8})
-    signal = QualitySignal(cfg, sync)
+    model, sync, cfg, signal = _mlp_signal(1.0)
     asked = []
 
     def gate(answer: bool):
@@ -494,16 +493,7 @@ def test_acpsgds_estimate_counts_no_capture_in_directions_the_step_before_lacks(
 def test_a_requested_sample_that_holds_no_matrix_does_not_block_the_next_estimate(one_process_group):
     """No sampled matrix fits the budget: the request lapses (and waits an interval) instead of
     waiting for a sample that never comes; with the budget back, the next estimate runs."""
-    from planning.config import TrainConfig
-    from workers.quality import QualitySignal
-
-    torch.manual_seed(0)
-    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)))
-    sync = GradientSync(build("none")).install(model)
-    cfg = TrainConfig(name="q", model="mlp", dataset="synthetic", steps=10, workers=1, probe_interval_s=1e-6,
-                      compression={"mode": "adaptive", "compressor": "none", "allowed": ["none", "acpsgd"],
-                                   "max_rank": 8})
-    signal = QualitySignal(cfg, sync)
+    model, sync, cfg, signal = _mlp_signal(1e-6)
     signal.meter.sample_elements = 1
 
     def step() -> None:
