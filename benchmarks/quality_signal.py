@@ -80,8 +80,8 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             return {k.removeprefix("module."): v.clone() for k, v in kept.items()}
 
         spec = sync.compressor.spec
-        estimated = [spec] if spec.rank is not None else []  # the low-rank choices' estimates
-        best_case = make_spec("powersgd", rank=spec.rank) if estimated else None  # the best rank-r error
+        # the low-rank choices' estimates, and the best rank-r error (PowerSGD's) beside each
+        best_case = make_spec("powersgd", rank=spec.rank) if spec.rank is not None else None
         figures: list[tuple[float, float, float, float]] = []
         estimates: list[tuple[float, float]] = []  # (as the policy estimates it, the best case)
         raw_before: list[torch.Tensor] | None = None
@@ -100,13 +100,14 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             kept_new = kept_residuals()
             e_old, e_new = flat(kept_old), flat(kept_new)
             update = flat({k: p.grad for k, p in model.named_parameters()})
-            if estimated and best_case is not None:
+            if best_case is not None:
                 # each matrix's raw gradient, g = u + e_new − e_old, as the meter samples it
                 raw = [p.grad + _as_shape(kept_new.get(k), p.grad) - _as_shape(kept_old.get(k), p.grad)
                        for k, p in sorted(model.named_parameters()) if p.dim() >= 2]
-                if raw_before is not None:
-                    estimates.append((estimate_errors(raw, estimated, raw_before)[spec.label],
-                                      estimate_errors(raw, [best_case])[best_case.label]))
+                if raw_before is not None:  # one call: the two share each matrix's singular values
+                    # (one spec per label: estimate_errors sums what each spec loses into its label)
+                    errors = estimate_errors(raw, list({s.label: s for s in (spec, best_case)}.values()), raw_before)
+                    estimates.append((errors[spec.label], errors[best_case.label]))
                 raw_before = raw
             grad = update + e_new - e_old
             g_sq, along = float(grad @ grad), float(update @ grad)
