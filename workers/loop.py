@@ -36,6 +36,7 @@ from planning.spec import make_spec
 from workers.agreed_step import agree_and_switch, switch_record
 from workers.control import CoordinatorClient, InProcessPolicy, SwitchAgreement
 from workers.envs import RayWorkerEnv, WorkerEnv
+from workers.heap import keep_heap
 from workers.loaders import InfiniteLoader, batches_per_epoch, make_loader
 from workers.reporter import Reporter
 from workers.scripted import decision_source
@@ -58,6 +59,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     """Train ``cfg`` on this worker; returns the run summary (rank 0's is the job's)."""
+    keep_heap()  # a step's speed must not depend on what the process did between steps
     torch.manual_seed(cfg.seed)
     device = env.device
     workload = build_workload(cfg)
