@@ -4,10 +4,11 @@ Why: on a CPU, a step's activations and gradients are large buffers allocated an
 step. glibc's default serves a buffer above a moving threshold with its own ``mmap`` (page
 faults on every touch of fresh pages) and returns the heap's free top to the system once it
 exceeds a threshold, and both thresholds move with what the process allocated before. A
-step's speed then depends on the process's history: measured on the benchmark's CNN (one
-process, one thread, median of 60 steps, ``python -m benchmarks.heap``): 18.4 ms a step with
-the defaults, 21.2 ms after the adaptive job's codec calibration had run between two steps,
-16.2 ms with the thresholds fixed here, before and after it. The adaptive benchmark's
+step's speed then depends on the process's history: measured on the benchmark's CNN (fresh
+processes, one thread, medians of 60 steps, ``python -m benchmarks.heap``,
+``benchmarks/results/heap.md``): 19.3-20.3 ms a step with the defaults, 1.08x that after the
+adaptive job's codec calibration had run between two steps (1.035x after nothing); 17.1 ms with
+the thresholds fixed here, 1.006x after the calibration. The adaptive benchmark's
 steady-fast runs paid that history: the adaptive job ran fp16 from its first decision, and its
 time to target was 1.09-1.15x the fixed fp16 run's (the extra work between its steps, the
 calibration, the estimates and the policy, left the heap in another state).
