@@ -12,6 +12,7 @@ benchmark lock, each with the foreign load it saw.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -84,18 +85,16 @@ def run_trial(heap: str, between: str, max_wait_quiet_s: float = 0.0) -> dict[st
 
 def summarise(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (heap, work between steps): the medians over trials of the step before and after, and their ratio."""
-    rows = []
-    for heap in HEAPS:
-        for between in BETWEEN:
-            mine = [t for t in trials if t["heap"] == heap and t["between"] == between]
-            if not mine:
-                continue
-            before = statistics.median(t["before_ms"] for t in mine)
-            after = statistics.median(t["after_ms"] for t in mine)
-            rows.append({"heap": heap, "between": between, "trials": len(mine), "before_ms": round(before, 2),
-                         "after_ms": round(after, 2), "after_over_before": round(after / before, 3),
-                         "foreign_cores_max": max(t["foreign_cores"] for t in mine)})
-    return rows
+    kinds = {kind: [t for t in trials if (t["heap"], t["between"]) == kind] for kind in itertools.product(HEAPS, BETWEEN)}
+    return [_row(heap, between, mine) for (heap, between), mine in kinds.items() if mine]
+
+
+def _row(heap: str, between: str, trials: list[dict[str, Any]]) -> dict[str, Any]:
+    before = statistics.median(t["before_ms"] for t in trials)
+    after = statistics.median(t["after_ms"] for t in trials)
+    return {"heap": heap, "between": between, "trials": len(trials), "before_ms": round(before, 2),
+            "after_ms": round(after, 2), "after_over_before": round(after / before, 3),
+            "foreign_cores_max": max(t["foreign_cores"] for t in trials)}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
