@@ -32,22 +32,24 @@ WARMUP_STEPS = 20
 TIMED_STEPS = 60
 
 
-def trial(heap: str, between: str) -> dict[str, float]:
-    """One trial in this process (``_trial``): the median step before and after ``between``, in ms."""
+def trial(heap: str, between: str) -> dict[str, Any]:
+    """One trial in this process (``_trial``): the median step before and after ``between``, in
+    ms, and whether the heap was kept (a "kept" trial where glibc is not the C library fails)."""
     import torch
 
-    from planning.buckets import build_bucket_layout
     from planning.config import TrainConfig
-    from workers.calibration import calibrate_codecs
+    from workers.calibration import calibrate_codecs, job_layout
     from workers.heap import keep_heap
     from workers.models import build_model
 
-    if heap == "kept":
-        keep_heap()
+    kept = keep_heap() if heap == "kept" else False
+    if heap == "kept" and not kept:
+        raise SystemExit("keep_heap() changed nothing here (not glibc, or a value refused): no kept heap to time")
     torch.set_num_threads(1)  # as each of the benchmark's two ranks on two cores
     torch.manual_seed(0)
-    cfg = TrainConfig(name="heap", model="cnn", dataset="synthetic", batch_size=32, steps=1, workers=2,
-                      compression={"mode": "adaptive", "compressor": "none"}, bucket_cap_mb=0.25)
+    cfg = TrainConfig.model_validate({"name": "heap", "model": "cnn", "dataset": "synthetic", "batch_size": 32,
+                                      "steps": 1, "workers": 2, "bucket_cap_mb": 0.25,
+                                      "compression": {"mode": "adaptive", "compressor": "none"}})
     model = build_model("cnn", num_classes=10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     inputs, labels = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
@@ -65,21 +67,22 @@ def trial(heap: str, between: str) -> dict[str, float]:
     median_step_ms(WARMUP_STEPS)
     before = median_step_ms(TIMED_STEPS)
     if between == "calibration":
-        shapes = [tuple(p.shape) for p in model.parameters()]
-        buckets = build_bucket_layout(shapes, cfg.compression.bucket_cap_mb * 2**20, first_bucket_bytes=None)
-        calibrate_codecs(shapes, buckets, cfg, 2)
-    return {"before_ms": round(before, 3), "after_ms": round(median_step_ms(TIMED_STEPS), 3)}
+        calibrate_codecs(*job_layout(model, cfg), cfg, 2)
+    return {"kept": kept, "before_ms": round(before, 3), "after_ms": round(median_step_ms(TIMED_STEPS), 3)}
 
 
-def run_trial(heap: str, between: str, max_wait_quiet_s: float = 0.0) -> dict[str, Any]:
+def run_trial(heap: str, between: str, max_wait_quiet_s: float = 0.0, timeout_s: float = 600.0) -> dict[str, Any]:
     """A trial in a fresh process (once the CPUs went quiet, waiting at most ``max_wait_quiet_s``),
-    with the foreign load it saw."""
+    with the foreign load it saw; raises with the child's error output if it failed."""
     wait_for_quiet(max_wait_quiet_s)
     record: dict[str, Any] = {"heap": heap, "between": between}
     with foreign_load(record):
         done = subprocess.run(module_command("benchmarks.heap", "_trial", heap, between), cwd=str(REPO_ROOT),
-                              env={**os.environ, **repo_env()}, capture_output=True, text=True, check=True)
-    record.update(json.loads(done.stdout.strip().splitlines()[-1]))
+                              env={**os.environ, **repo_env()}, capture_output=True, text=True, timeout=timeout_s)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"heap trial {heap}/{between} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    record.update(json.loads(lines[-1]))
     return record
 
 
@@ -98,6 +101,7 @@ def _row(heap: str, between: str, trials: list[dict[str, Any]]) -> dict[str, Any
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """The summary as the markdown table the README quotes."""
     lines = ["| C heap | between the steps | trials | step before ms | step after ms | after / before | foreign cores (max) |",
              "|---|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['heap']} | {r['between']} | {r['trials']} | {r['before_ms']:.2f} | {r['after_ms']:.2f} | "
@@ -106,25 +110,28 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["_trial"]:
-        print(json.dumps(trial(argv[1], argv[2])))
-        return 0
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.heap", description=__doc__.splitlines()[0])
+    """The benchmark (or, as ``_trial HEAP BETWEEN``, one trial in this process)."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.heap", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="trials of each kind (taking turns)")
     parser.add_argument("--max-wait-quiet-s", type=float, default=30.0,
                         help="before each trial, wait up to this long for other work to leave the CPUs")
     parser.add_argument("--json-out", type=Path, default=None)
-    args = parser.parse_args(argv)
+    commands = parser.add_subparsers(dest="command")
+    one = commands.add_parser("_trial", help=argparse.SUPPRESS)
+    one.add_argument("heap", choices=HEAPS)
+    one.add_argument("between", choices=BETWEEN)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.command == "_trial":
+        print(json.dumps(trial(args.heap, args.between)))
+        return 0
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     trials = []
     with bench_lock():
         for round_index in range(args.rounds):
-            for heap in HEAPS:
-                for between in BETWEEN:
-                    trials.append(run_trial(heap, between, args.max_wait_quiet_s))
-                    print(f"[heap] round {round_index + 1}/{args.rounds}: {trials[-1]}", flush=True)
+            for heap, between in itertools.product(HEAPS, BETWEEN):
+                trials.append(run_trial(heap, between, args.max_wait_quiet_s))
+                print(f"[heap] round {round_index + 1}/{args.rounds}: {trials[-1]}", flush=True)
     rows = summarise(trials)
     text = table(rows)
     print(text)

@@ -11,10 +11,21 @@ import torch
 
 from compressors.base import GradSlot, from_spec, run_in_lockstep
 from planning import registry
+from planning.buckets import Layout, build_bucket_layout
 from planning.config import TrainConfig
 from planning.costmodel import codec_work
 from planning.spec import make_spec
 from workers.timing import codec_clock
+
+
+def job_layout(model: torch.nn.Module, cfg: TrainConfig) -> tuple[list[tuple[int, ...]], Layout]:
+    """The shapes of the parameters DDP reduces (in its order) and the job's bucket layout of
+    them: what :func:`calibrate_codecs` times and the model profile describes.
+
+    DDP gives the first bucket 1 MiB only when ``bucket_cap_mb`` is left unset; the loops always
+    set it, so every bucket (the first too) has the same cap."""
+    shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+    return shapes, build_bucket_layout(shapes, cfg.compression.bucket_cap_mb * 2**20, first_bucket_bytes=None)
 
 
 def calibrate_codecs(shapes: list[tuple[int, ...]], buckets: Sequence[Sequence[int]], cfg: TrainConfig,

@@ -59,7 +59,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
 def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     """Train ``cfg`` on this worker; returns the run summary (rank 0's is the job's)."""
-    keep_heap()  # a step's speed must not depend on what the process did between steps
+    # A step's speed must not depend on what the process did between steps (workers.heap).
+    log.info("rank %d: C heap thresholds %s", env.rank, "fixed" if keep_heap() else "left at the C library's defaults")
     torch.manual_seed(cfg.seed)
     device = env.device
     workload = build_workload(cfg)

@@ -24,10 +24,10 @@ from compressors import GradientSync
 from planning import registry
 from planning.config import TrainConfig
 from planning.controller import policy_config, policy_measurements, step_profile
-from planning.costmodel import StepProfile, build_bucket_layout
+from planning.costmodel import StepProfile
 from planning.estimate_gate import estimates_can_matter
 from planning.protocol import Decision, ModelProfile, Telemetry
-from workers.calibration import calibrate_codecs
+from workers.calibration import calibrate_codecs, job_layout
 from workers.control import DecisionSource, TelemetrySink
 from workers.envs import WorkerEnv
 from workers.link_estimate import LinkEstimate, all_reduce_seconds
@@ -305,10 +305,7 @@ class Reporter:
         return m is None or estimates_can_matter(m, policy_config(self.cfg.compression))
 
     def _profile(self, model: torch.nn.Module, means: dict[str, float]) -> ModelProfile:
-        shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
-        # DDP gives the first bucket 1 MiB only when bucket_cap_mb is left unset; this loop
-        # always sets it, so every bucket (the first too) has the same cap.
-        buckets = build_bucket_layout(shapes, self.cfg.compression.bucket_cap_mb * 2**20, first_bucket_bytes=None)
+        shapes, buckets = job_layout(model, self.cfg)
         if self.cfg.compression.mode == "adaptive" and not self.calibration:
             self.calibration, self.per_element = calibrate_codecs(shapes, buckets, self.cfg, self.env.world_size,
                                                                   self.env.device)
