@@ -32,7 +32,8 @@ def prepare(model: nn.Module, compression: Any = None, *, rank: int | None = Non
     ``"adaptive"``, or a job's ``compression`` block as a dict; ``rank`` for the low-rank ones.
     ``coordinator``: URL of a gradwire coordinator (default ``GRADWIRE_URL``), ``token`` its
     bearer token. ``name`` (default: the Ray Train run's name) and ``steps`` describe the job.
-    ``options``: ``sync_every``, ``report_interval_s``, ``probe_interval_s``.
+    ``options``: ``sync_every``, ``report_interval_s``, ``probe_interval_s``, ``keep_heap``
+    (fix the C heap's thresholds, as the built-in loop does: ``workers.heap``; off by default).
     """
     import ray.train
     import ray.train.torch

@@ -19,8 +19,9 @@ Fixing both thresholds (``mallopt``) turns the moving adjustment off: buffers up
 largest step's buffers (as a caching allocator on a GPU does), and the setting holds for the
 rest of the process's life.
 
-Only the built-in training loop's processes (``workers.loop``) do it: a user's own script
-(``gradwire.start``) keeps its process as it is.
+The built-in training loop's processes (``workers.loop``) do it; a user's own script does it
+only when it asks (``keep_heap=True`` to ``gradwire.ray.prepare`` / ``gradwire.torch.prepare``,
+``workers.session.start``): the process is the script's.
 """
 
 from __future__ import annotations

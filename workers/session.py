@@ -49,6 +49,7 @@ from planning.sections import (
     is_import_path,
 )
 from planning.spec import make_spec
+from workers import heap
 from workers.agreed_step import agree_and_switch, switch_record
 from workers.control import (
     CoordinatorClient,
@@ -211,17 +212,23 @@ def start(model: nn.Module, *, device: torch.device, wrap: Callable[[nn.Module],
           compression: str | dict[str, Any] | CompressionConfig | None = None, rank: int | None = None,
           coordinator: str | JobLink | None = None, token: str | None = None, name: str = "external",
           steps: int | None = None, sync_every: int = 5, report_interval_s: float = 2.0,
-          probe_interval_s: float = 60.0, bucket_cap_mb: float = 25.0, batch_size: int = 1) -> TrainingSession:
+          probe_interval_s: float = 60.0, bucket_cap_mb: float = 25.0, batch_size: int = 1,
+          keep_heap: bool = False) -> TrainingSession:
     """Wrap ``model`` (``wrap`` makes the DDP model), install GradientSync, start a session.
 
     Needs an initialised process group. ``coordinator``: a URL (rank 0 registers an external
     job there, with ``token`` if the coordinator has one), a :class:`JobLink`, or None (then
     ``GRADWIRE_URL``/``GRADWIRE_TOKEN`` if set; else no coordinator: an adaptive policy runs in
     process). ``steps``: the run's length, if known (the job then ends by itself after it).
+    ``keep_heap``: fix the C heap's thresholds for the rest of this process, as the built-in
+    loop does (:mod:`workers.heap`: on a CPU a step's time then no longer depends on what the
+    process allocated between steps); off by default, the process is the user's.
     """
     if not dist.is_initialized():
         raise RuntimeError("gradwire: torch.distributed is not initialised (call dist.init_process_group "
                            "first, or run under Ray Train / torchrun)")
+    if keep_heap and not heap.keep_heap():
+        log.warning("gradwire: keep_heap asked for, but the C library is not glibc or refused: the heap is as it was")
     params = {"rank": rank} if rank is not None else {}
     compression_cfg = compression_config(compression, **params)
     ddp = model if isinstance(model, DistributedDataParallel) else wrap(model)

@@ -32,6 +32,14 @@ _MMAPPED_BLOCKS_OF_A_4_MIB_MALLOC = textwrap.dedent("""
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
     kept = keep_heap() if sys.argv[1] == "kept" else None
+    if sys.argv[1].startswith("session"):  # a user's script, asking gradwire.start for it or not
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+        from benchmarks.compressor_cost import single_process_group
+        from workers.session import start
+        with single_process_group():
+            start(torch.nn.Linear(4, 2), device=torch.device("cpu"), wrap=DistributedDataParallel,
+                  compression="none", keep_heap=sys.argv[1] == "session-kept").close()
     before = libc.mallinfo2().hblks
     block = libc.malloc(4 << 20)
     mmapped = libc.mallinfo2().hblks - before
@@ -65,6 +73,12 @@ def test_a_kept_heap_serves_a_large_buffer_itself_and_keeps_it_after_free():
     assert kept["kept"] is True
     assert kept["mmapped"] == 0
     assert kept["free_in_heap"] >= 4 << 20
+
+
+@pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="glibc >= 2.33 only")
+def test_a_users_script_keeps_the_heap_only_when_it_asks_gradwire_start():
+    assert _fresh_process("session-kept")["mmapped"] == 0
+    assert _fresh_process("session")["mmapped"] == 1
 
 
 @pytest.mark.slow
