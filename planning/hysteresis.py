@@ -5,7 +5,8 @@ Pure functions of the scored candidates (``planning.policy_types.Scored``) and t
 state: the threshold a gain must pass (:func:`threshold`, with the small one between choices
 whose error is known and the undo of a refuted move), the side of the link the policy is on
 (:func:`side`, what an oscillating link's levels record), the doubt in the running choice's
-favour, the dwell (:func:`switch_took_effect`, :func:`trial_measured`, :func:`without_dwell`)
+favour, the dwell (:func:`switch_took_effect`, :func:`trial_measured`, :func:`link_dropped_since_switch`,
+:func:`without_dwell`)
 and the state a switch leaves (:func:`switch`).
 """
 
@@ -150,6 +151,38 @@ def trial_measured(state: PolicyState, label: str) -> bool:
     figures once; a caller of :func:`decide` that passes a figure per report (the paper-scale
     replay) ends a trial after two reports."""
     return state.trial == label and standard_error_weight(state.spread, label) < 1.0
+
+
+def link_dropped_since_switch(state: PolicyState, current: CompressorSpec) -> bool:
+    """Whether the link has dropped to a new level, one where the policy would compress,
+    since the last switch took effect, and the choice in force does not compress (``none``
+    or a cast): then the dwell does not hold it.
+
+    Why: the dwell keeps the policy from moving again on the same information (a noisy
+    reading or efficiency sample taking back a switch); a new level of the link
+    (``planning.link_levels.record_level``: the average moved beyond the level factor and the
+    side changed) is new information. Held, a cast chosen when the link came back ran on
+    when it fell again: on the benchmark's oscillating link (2 s dwell, 40 fast and 20 slow
+    steps, ~2 s a period) a cast chosen after the rise at step 60 (at steps 79-89) was still
+    held at the drop at step 100, and ran all 20 slow steps, each about twice PowerSGD's step
+    there, in six of six runs (session 29, ``benchmarks/results/adaptive_s29_exp_check_budget.*``:
+    recovery checks from the start, which saw that rise; not landed).
+
+    Why a drop only, not a rise: the two mistakes cost unalike. An uncompressed choice on a
+    slow link pays the whole link every step (fixed fp16 0.058 s a step against PowerSGD r4's
+    0.031 at 50 Mbit/s: medians over the stretches of session 28's six oscillating runs), a
+    compressing one on a fast link its compression's overhead (0.031 against fp16's 0.028 at
+    1 Gbit/s). A link that comes back may
+    fall again within the dwell, as an oscillating one does, and the dwell then saves the
+    expensive mistake: with a rise ending the dwell too, the policy on the synthetic oscillating
+    link of ``tests/unit/test_link_levels.py`` went from compressing to ``none`` 4 s after the
+    first drop, paid the next slow stretch on ``none``, and ran 1.17x the time per progress of
+    the best fixed choice over the same steps (the test's bound is 1.05x).
+    """
+    if state.last_switch_at is None or len(state.levels) < 2:
+        return False  # the first level recorded is where the link began, not a move
+    level = state.levels[-1]
+    return level.since > state.last_switch_at and level.lossy and not _lossy(current)
 
 
 def doubt_in_favour(m: Measurements, state: PolicyState) -> Measurements:

@@ -333,6 +333,9 @@ def decide(
         if hysteresis.trial_measured(state, m.current.label):
             return hysteresis.switch(best.spec, current, best, f"{comparison}; {m.current.label} was chosen on an estimate "
                            f"and two exchanges have measured it: its dwell ends early ({waited:.0f} s)", state, now)
+        if hysteresis.link_dropped_since_switch(state, m.current):
+            return hysteresis.switch(best.spec, current, best, f"{comparison}; the link dropped to another level since "
+                           f"the last switch: its dwell ends early ({waited:.0f} s)", state, now)
         return Keep(f"{comparison}; last switch {waited:.0f} s ago (min dwell {cfg.min_dwell_s:.0f} s)",
                     current.step_s), state
     return hysteresis.switch(best.spec, current, best, comparison, state, now)

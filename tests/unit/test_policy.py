@@ -10,7 +10,8 @@ from typing import Callable, Optional
 import pytest
 
 from planning.costmodel import ElementCost, StepProfile, alpha_beta_from_bandwidth, predict_step
-from planning.hysteresis import switch, threshold
+from planning.hysteresis import link_dropped_since_switch, switch, threshold
+from planning.link_levels import Level
 from planning.link_smoothing import LinkAverage
 from planning.policy import (
     Keep,
@@ -88,6 +89,36 @@ def test_bandwidth_collapse_switches_to_low_rank_and_recovery_switches_back_afte
     assert "50 Mb/s" in down.reason
     assert t2 >= t1 + CFG.min_dwell_s  # the link recovered at 70 s; the dwell holds until 90 s
     assert up.spec.name in UNCOMPRESSED and current.name in UNCOMPRESSED
+
+
+def test_a_drop_since_the_switch_ends_an_uncompressed_choice_s_dwell():
+    """The link fell 10 s after a move to ``none`` (the link had come back at 60 s): the
+    dwell (30 s) does not hold ``none`` on the slow link (``link_dropped_since_switch``)."""
+    trace = lambda t: MBIT50 if 20 <= t < 60 or t >= 80 else GBIT10  # noqa: E731
+    switches, current = run_trace(trace, until=120)
+    assert [s.spec.name in UNCOMPRESSED for _, s in switches] == [False, True, False], switches
+    (t1, _), (t2, _), (t3, down) = switches
+    assert 60 <= t2 <= 64 and 80 <= t3 <= 84 < t2 + CFG.min_dwell_s
+    assert "the link dropped to another level since the last switch: its dwell ends early" in down.reason
+    assert current.name not in UNCOMPRESSED
+
+
+def test_only_a_drop_since_the_switch_ends_the_dwell_and_only_an_uncompressed_choice_s():
+    """``link_dropped_since_switch``: the level in progress began after the switch took
+    effect, the policy would compress there, and the choice in force does not."""
+    def level(since: float, lossy: bool) -> Level:
+        return Level(since, None, GBIT10, GBIT10, lossy=lossy, log_mean=math.log(GBIT10))
+
+    lossy, cast = make_spec("powersgd", rank=4), make_spec("fp16")
+    dropped = PolicyState(last_switch_at=10.0, levels=(level(0.0, False), level(12.0, True)))
+    assert link_dropped_since_switch(dropped, cast)
+    assert not link_dropped_since_switch(dropped, lossy)  # already compressing
+    rose = PolicyState(last_switch_at=10.0, levels=(level(0.0, True), level(12.0, False)))
+    assert not link_dropped_since_switch(rose, lossy) and not link_dropped_since_switch(rose, cast)
+    before = PolicyState(last_switch_at=10.0, levels=(level(0.0, False), level(8.0, True)))
+    assert not link_dropped_since_switch(before, cast)  # the switch knew that level
+    assert not link_dropped_since_switch(PolicyState(levels=dropped.levels), cast)  # no switch yet
+    assert not link_dropped_since_switch(PolicyState(last_switch_at=10.0, levels=(level(12.0, True),)), cast)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -123,11 +123,16 @@ def test_fast_slow_fast_trace_compresses_only_while_slow():
     assert 120 <= t2 <= 124 + DEFAULTS.min_dwell_s and up == "none" and final.name == "none"
 
 
-def test_oscillation_faster_than_the_dwell_switches_at_most_once_per_dwell():
+def test_oscillation_faster_than_the_dwell_switches_at_most_once_per_dwell_but_to_compress_at_a_drop():
+    """20 s levels against a 30 s dwell. A switch comes within a dwell of the last only to
+    compress where the link dropped since (``planning.hysteresis.link_dropped_since_switch``);
+    once the link reads as oscillating the policy settles on the mix."""
     switches, _ = run_trace(lambda t: MBIT50 if int(t // 20) % 2 else GBIT10, until=600)
-    times = [t for t, _ in switches]
-    assert all(b - a >= DEFAULTS.min_dwell_s for a, b in zip(times, times[1:]))
-    assert len(switches) <= 600 / DEFAULTS.min_dwell_s
+    for (a, _), (b, label) in zip(switches, switches[1:]):
+        assert b - a >= DEFAULTS.min_dwell_s or label not in ("none", "fp16", "bf16"), switches
+        if b - a < DEFAULTS.min_dwell_s:
+            assert int(b // 20) % 2 == 1, switches  # on the slow link
+    assert len(switches) <= 3 and switches[-1][0] < 100, switches
 
 
 def test_decide_stays_pure_with_errors():
