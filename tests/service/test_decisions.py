@@ -40,11 +40,17 @@ def test_switch_is_versioned_with_reason_and_gain_then_dwell_holds_it():
     assert (v1.version, v1.compressor, v1.params, v1.source, v1.at) == (1, "none", {}, "policy", 10.0)
     assert v1.reason.startswith("none predicted") and "vs acpsgd-r4" in v1.reason
     assert 0.1 < v1.predicted_gain < 1
-    # the link collapses; the policy's minimum dwell holds the switch back until it has passed
-    for t in range(11, int(10 + DWELL)):
-        assert loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(20 + t, SLOW), PROFILE, float(t)) is None, t
-    v2 = loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(100, SLOW), PROFILE, 10.0 + DWELL + 1)
+    # the link collapses: a drop to a new level ends the dwell of an uncompressed choice
+    # (planning.hysteresis.link_dropped_since_switch), once a second slow report confirms it
+    assert loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(31, SLOW), PROFILE, 11.0) is None
+    v2 = loop.on_report("j", "adaptive", ADAPTIVE, v1, tele(32, SLOW), PROFILE, 12.0)
     assert (v2.version, v2.compressor, v2.source) == (2, "acpsgd", "policy")
+    assert "the link dropped to another level since the last switch: its dwell ends early" in v2.reason
+    # the link comes back: the minimum dwell holds the compressed choice until it has passed
+    for t in range(13, int(12 + DWELL)):
+        assert loop.on_report("j", "adaptive", ADAPTIVE, v2, tele(20 + t, FAST), PROFILE, float(t)) is None, t
+    v3 = loop.on_report("j", "adaptive", ADAPTIVE, v2, tele(100, FAST), PROFILE, 12.0 + DWELL + 1)
+    assert (v3.version, v3.compressor, v3.source) == (3, "none", "policy")
 
 
 def test_after_a_restart_the_dwell_counts_from_the_last_stored_switch():

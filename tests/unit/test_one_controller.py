@@ -5,8 +5,8 @@ coordinator) and to the coordinator's real ``JobService`` (SQLite store, ``Decis
 After every report both hold the same decision in force, and the coordinator's store and
 REST history keep exactly the decisions the worker made: same versions, compressors,
 parameters, reasons, gains, sources and times. The trace covers a switch on a fast link,
-a switch held back by the dwell then made on a slow one, an elastic job shrinking to one
-worker and growing back, a pin and a release.
+one on the link's drop that ends the dwell early, one held back by the dwell then made on
+the slow link, an elastic job shrinking to one worker and growing back, a pin and a release.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def trace() -> list[tuple[str, object]]:
     """(kind, what) events: a report, a pin, a release; two seconds apart."""
     events: list[tuple[str, object]] = [("report", report(10, FAST)), ("report", report(20, FAST, profile=PROFILE))]
     step = 20
-    for _ in range(int(DWELL / 2) + 3):  # the link collapses; the dwell holds the switch, then it comes
+    for _ in range(int(DWELL / 2) + 3):  # the link collapses: a switch at once, then one the dwell holds
         step += 10
         events.append(("report", report(step, SLOW)))
     events += [("report", report(step + 10, None, world_size=1)),  # a node goes: a lone worker
@@ -101,12 +101,15 @@ def test_in_process_mode_and_coordinator_reach_the_same_decisions(service):
     assert stored == made
     assert [(d.compressor, d.source) for d in stored.values()] == [
         ("none", "policy"),  # fast link: no compression
-        ("acpsgd", "policy"),  # slow link, once the dwell has passed
+        ("acpsgd", "policy"),  # the link dropped: the dwell of none ends early
+        ("acpsgd", "policy"),  # another rank on the slow link, once the dwell has passed
         ("none", "policy"),  # one worker: nothing to send
         ("acpsgd", "policy"),  # two again, at once (no dwell after a world-size change)
         ("powersgd", "pinned"),
         ("acpsgd", "policy"),  # released: the next report may switch at once (away from the pin;
     ]                          # one fast sample is held back as a suspected outlier, the link is slow)
+    assert "the link dropped to another level since the last switch" in stored[2].reason
+    assert stored[3].params != stored[2].params and stored[3].at - stored[2].at >= DWELL  # held, then made
     # a switch never repeats the job's warm-up (a fresh compressor would count it again)
     assert all(d.spec.warmup_steps == 0 and "warmup_steps" not in d.params for d in stored.values())
     assert svc.history(job.id).decisions[0].params == {"warmup_steps": 10, "rank": 4}
