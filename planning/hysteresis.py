@@ -173,10 +173,11 @@ def link_dropped_since_switch(state: PolicyState, current: CompressorSpec) -> bo
     0.031 at 50 Mbit/s: medians over the stretches of session 28's six oscillating runs), a
     compressing one on a fast link its compression's overhead (0.031 against fp16's 0.028 at
     1 Gbit/s). A link that comes back may fall again within the dwell, as an oscillating one
-    does, and the dwell then saves the expensive mistake: with a rise ending the dwell too, the policy on the synthetic oscillating
-    link of ``tests/unit/test_link_levels.py`` went from compressing to ``none`` 4 s after the
-    first drop, paid the next slow stretch on ``none``, and ran 1.17x the time per progress of
-    the best fixed choice over the same steps (the test's bound is 1.05x).
+    does, and the dwell then saves the expensive mistake: with a rise ending the dwell too, the
+    policy on the synthetic oscillating link of ``tests/unit/test_link_levels.py`` went from
+    compressing to ``none`` 4 s after the first drop, paid the next slow stretch on ``none``,
+    and ran 1.17x the time per progress of the best fixed choice over the same steps (the
+    test's bound is 1.05x).
     """
     if state.last_switch_at is None or len(state.levels) < 2:
         return False  # the first level recorded is where the link began, not a move
