@@ -4,7 +4,8 @@ The built-in loop (:func:`workers.loop.run_training`) and a user's own loop
 (:class:`workers.session.TrainingSession`) meet at the same steps and must do the same
 collectives in the same order, or the ranks deadlock: the switch agreement (rank 0's proposal,
 and on regular steps its link request), the quality signal's and the passive link sample's
-exchange (regular steps only), the switch itself, then the link measurement rank 0 asked for
+exchange (regular steps only; a drop of the link it reads makes the next steps' agreement
+eager), the switch itself, then the link measurement rank 0 asked for
 (after the switch, so a probe meets the compressor the next steps will run).
 """
 
@@ -40,8 +41,8 @@ def agree_and_switch(step: int, agreement: SwitchAgreement, reporter: Reporter, 
     regular = agreement.regular(step)  # else an early step's exchange: the decision alone
     decision, link_request = agreement.exchange(step, reporter.proposal(),
                                                 reporter.link_request() if regular else None)
-    if regular:
-        reporter.exchange(agreement.group)
+    if regular and reporter.exchange(agreement.group):
+        agreement.link_dropped(step)
     switched_to: str | None = None
     switched_at: float | None = None
     if decision is not None:

@@ -235,31 +235,56 @@ class SwitchAgreement:
     group: dist.ProcessGroup | None = None
     version: int = -1
     history: list[Applied] = field(default_factory=list)
-    #: Before this step, and while the decision in force is the job's initial one (version 0),
-    #: the agreement is due at every step, so the policy's first decision applies at the step
-    #: after it is made rather than at the next multiple of ``sync_every``.
+    #: Before this step, and while the decision in force is ``eager_version`` (at the start the
+    #: job's initial one, version 0), the agreement is due at every step, so the policy's next
+    #: decision applies at the step after it is made rather than at the next multiple of
+    #: ``sync_every``.
     #:
-    #: Why: an adaptive job starts on its configured choice and the policy can decide only once
-    #: a few steps are timed (the model profile needs three). On the benchmark's 50 Mbit/s link
-    #: the first decision came with step 3's report and applied at step 5: the start choice
-    #: (``none``, 0.12 s a step there against PowerSGD r4's 0.03 s) ran steps 4 and 5 for
-    #: nothing, and those first five steps were the whole of the adaptive run's 0.37 s gap to
-    #: the fixed PowerSGD r4 at step 255 (its steps 5-255 took 1.01x the fixed run's; session 25).
+    #: Why at the start: an adaptive job starts on its configured choice and the policy can
+    #: decide only once a few steps are timed (the model profile needs three). On the
+    #: benchmark's 50 Mbit/s link the first decision came with step 3's report and applied at
+    #: step 5: the start choice (``none``, 0.12 s a step there against PowerSGD r4's 0.03 s) ran
+    #: steps 4 and 5 for nothing, and those first five steps were the whole of the adaptive
+    #: run's 0.37 s gap to the fixed PowerSGD r4 at step 255 (its steps 5-255 took 1.01x the
+    #: fixed run's; session 25). After a drop of the link (:meth:`link_dropped`) likewise.
     #: The extra exchanges are a tiny broadcast each, carry the decision alone (no link
-    #: request: the probes keep the schedule of the regular exchanges) and end with the first
+    #: request: the probes keep the schedule of the regular exchanges) and end with the next
     #: decision.
     eager_until: int = 0
+    eager_version: int = 0
+    #: Whether a drop of the link makes the exchanges eager until the next regular one (an
+    #: adaptive job's: a fixed job's decision never changes).
+    eager_after_drop: bool = False
+    #: The regular exchanges that read a drop of the link (the run summary shows them).
+    drops: list[int] = field(default_factory=list)
 
     @classmethod
     def for_job(cls, compression: CompressionConfig, group: dist.ProcessGroup | None = None) -> "SwitchAgreement":
-        """The agreement of a job with these compression settings (eager at its start when adaptive)."""
-        eager = EAGER_CYCLES * compression.sync_every if compression.mode == "adaptive" else 0
-        return cls(compression.sync_every, group=group, eager_until=eager)
+        """The agreement of a job with these compression settings (eager at its start and after
+        a drop of the link when adaptive)."""
+        adaptive = compression.mode == "adaptive"
+        eager = EAGER_CYCLES * compression.sync_every if adaptive else 0
+        return cls(compression.sync_every, group=group, eager_until=eager, eager_after_drop=adaptive)
 
     def due(self, step: int) -> bool:
         """Whether every rank exchanges before ``step`` (the same answer on every rank: it
         depends on the step and on the version they agreed on)."""
-        return self.regular(step) or (self.version == 0 and step < self.eager_until)
+        return self.regular(step) or (self.version == self.eager_version and step < self.eager_until)
+
+    def link_dropped(self, step: int) -> None:
+        """Every rank, when the regular exchange at ``step`` read a drop of the link
+        (``workers.reporter.Reporter.exchange``, the same answer on every rank): due at every
+        step until the next regular exchange or the next decision, whichever comes first.
+
+        Why: the policy confirms a drop on its next reports (``level_shift_reports``) a step
+        or two later; at the next regular exchange its decision would apply after up to
+        ``sync_every - 1`` more steps on a choice priced for the fast link. On the benchmark's
+        50 Mbit/s link a cast costs ~0.028 s a step more than PowerSGD r4, and the policy's lag
+        from a drop to the switch was 10-15 steps (sessions 28-29)."""
+        self.drops.append(step)
+        if self.eager_after_drop:
+            self.eager_until = step + self.sync_every - step % self.sync_every
+            self.eager_version = self.version
 
     def regular(self, step: int) -> bool:
         """Whether ``step`` is one of the every-``sync_every`` exchanges, where the quality

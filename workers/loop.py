@@ -117,6 +117,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     summary["checkpoint_every"] = checkpoint_every
     summary["start_step"] = start_step
     summary["quality_overhead"] = reporter.quality.overhead()  # the quality signal's cost (issue 14)
+    summary["link_drops_read"] = agreement.drops  # the exchanges that read a drop (each made the next steps eager)
     if isinstance(source, InProcessPolicy):  # no coordinator: show that the policy ran, and why it chose
         summary["policy_decisions"], summary["policy_reason"] = source.evaluations, source.last_reason
     save(env, total_steps, model, optimizer, scheduler, sync, agreement, record, summary, final=True)

@@ -91,6 +91,7 @@ def run_result(run: JobRun, phases: Sequence[Phase], curve: Sequence[tuple[int, 
         "compression_error_median": round(median_high(errors), 4) if errors else None,
         "update_efficiency_median": round(median_high(efficiencies), 4) if efficiencies else None,
         "quality_overhead": run.summary.get("quality_overhead"),
+        "link_drops_read": run.summary.get("link_drops_read"),
         "error_ratios": _median_only(running_over_estimate(run.reports)),
         "final_loss": run.summary["final_loss"],
     }

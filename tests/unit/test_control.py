@@ -93,6 +93,24 @@ def test_an_adaptive_jobs_agreement_is_due_at_every_step_until_its_first_decisio
     assert [s for s in range(13) if fixed.due(s)] == [0, 4, 8, 12]
 
 
+def test_after_a_drop_an_adaptive_jobs_agreement_is_due_at_every_step_until_the_next_decision():
+    """A drop read at the exchange of step 8 (sync every 4): due at steps 9-11 while the
+    decision in force stays the same; the next decision, or the next regular exchange, ends it.
+    A fixed job's decision never changes: a drop makes nothing eager."""
+    adaptive = SwitchAgreement.for_job(CompressionConfig(mode="adaptive", sync_every=4), group=None)
+    adaptive.version = 3  # past the start
+    adaptive.link_dropped(8)
+    assert [s for s in range(8, 17) if adaptive.due(s)] == [8, 9, 10, 11, 12, 16]
+    adaptive.link_dropped(12)
+    adaptive.version = 4  # the policy's decision applied at step 13
+    assert [s for s in range(12, 17) if adaptive.due(s)] == [12, 16]
+    assert adaptive.drops == [8, 12]
+    fixed = SwitchAgreement.for_job(CompressionConfig(mode="fixed", compressor="fp16", sync_every=4), group=None)
+    fixed.version = 0
+    fixed.link_dropped(8)
+    assert [s for s in range(8, 17) if fixed.due(s)] == [8, 12, 16] and fixed.drops == [8]
+
+
 # --------------------------------------------------------------------------- CoordinatorClient
 
 

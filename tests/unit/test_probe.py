@@ -10,7 +10,7 @@ import pytest
 
 from planning.costmodel import ring_coefficients
 from workers.link_estimate import LinkEstimate, all_reduce_seconds, fit_alpha_beta
-from workers.passive_bandwidth import PassiveBandwidth
+from workers.passive_bandwidth import DROP_FACTOR, PassiveBandwidth, cycle_sample, drop_threshold
 from workers.probe import DEFAULT_SIZES, probe_link
 from workers.probe_scheduler import ProbeScheduler
 
@@ -402,6 +402,37 @@ def test_passive_averages_time_per_byte_not_bandwidth() -> None:
     est.observe(nbytes, nbytes / (10 * MB), "all_reduce", 2)
     # β average of 1/1000 and 1/10 (per MB): ~19.8 MB/s, where a bandwidth average says 505
     assert est.bytes_per_second == pytest.approx(2 / (1 / 1000 + 1 / 10) * MB)
+
+
+FAST, SLOW = 1 / (1000 * MB / 8), 1 / (50 * MB / 8)  # β (s/byte) at 1000 and 50 Mbit/s
+
+
+def test_a_drop_is_judged_against_the_slower_of_the_reading_and_the_probe() -> None:
+    """The passive reading of a fast link scatters above the line rate; half of such a reading
+    is no drop."""
+    scattered_high = FAST / 5  # 5 Gbit/s read on the 1 Gbit/s link
+    assert drop_threshold(scattered_high, FAST) == DROP_FACTOR * FAST
+    assert drop_threshold(SLOW, FAST) == DROP_FACTOR * SLOW  # the reading already saw a slower link
+    assert drop_threshold(None, FAST) == DROP_FACTOR * FAST  # before the first passive sample
+    assert drop_threshold(None, None) == math.inf and drop_threshold(math.inf, 0.0) == math.inf
+
+
+def test_a_cycle_reads_a_drop_only_when_its_last_two_steps_were_slow_on_every_rank() -> None:
+    """The cycle's smallest β is its fastest step: a drop in the middle of a cycle hides behind
+    the fast steps before it, and is read from the last two steps instead."""
+    threshold = drop_threshold(FAST, FAST)
+    # Steps 40-44: the link fell at step 42. The smallest is step 40's; the last two were slow.
+    assert cycle_sample(smallest=FAST, recent=SLOW, threshold=threshold) == (SLOW, True)
+    # The whole cycle slow: read as a drop too (the smallest is already slow).
+    assert cycle_sample(smallest=SLOW, recent=SLOW, threshold=threshold) == (SLOW, True)
+    # One slow step last (a pause, a busy core): the smaller of the last two is fast, no drop.
+    assert cycle_sample(smallest=FAST, recent=FAST * 1.1, threshold=threshold) == (FAST, False)
+    # Fewer than two timed steps (a compressor whose payloads are too small to time).
+    assert cycle_sample(smallest=SLOW, recent=math.inf, threshold=threshold) == (SLOW, False)
+    sample, dropped = cycle_sample(smallest=math.inf, recent=math.inf, threshold=threshold)
+    assert math.isnan(sample) and not dropped
+    # Nothing to judge against (no probe yet): never a drop.
+    assert cycle_sample(smallest=FAST, recent=SLOW, threshold=math.inf) == (FAST, False)
 
 
 def test_passive_validates_smoothing() -> None:
