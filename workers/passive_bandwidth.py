@@ -95,26 +95,30 @@ class PassiveBandwidth:
         return bw / self.anchor_bandwidth
 
 
-#: A cycle reads as a drop of the link when its last two timed steps were, on every rank, more
-#: than this many times slower than the link was read at (the slower of the passive reading and
-#: the last probe's rate; ``drop_threshold``). Smaller drops are read at the regular pace.
+#: A cycle reads as a drop of the link when its last ``DROP_STEPS`` timed steps were, on every
+#: rank, more than ``DROP_FACTOR`` times slower than the link was read at (the slower of the
+#: passive reading and the last probe's rate; ``drop_threshold``). Smaller drops, and shorter
+#: ones, are read at the regular pace.
 #:
-#: Why 4: at 2, the benchmark's 1 Gbit/s link read as dropped up to 6 times a run where it had not
-#: dropped (fast-slow-fast, session 30: the two steps' β implied 280-430 Mbit/s, 2.3-3.6x
-#: slower than the probe, a busy core or the shaper), and each such read pulled the reading
-#: down to 380-550 Mbit/s; the drops this path is for (1000 to 50 Mbit/s here, 25 to
-#: 1 Gbit/s in the issue's trace) are 20x or more.
+#: Why 4 and 3: at 2x and two steps, the benchmark's 1 Gbit/s link read as dropped up to six
+#: times a run where it had not dropped (fast-slow-fast, session 30: the two steps' β implied
+#: 280-430 Mbit/s on both ranks, 2.3-3.6x slower than the probe: a busy core, the shaper), and
+#: at 4x and two steps still up to three times a steady-fast run (two steps at ~220 Mbit/s on
+#: both ranks once; the reading fell from 1.7 Gbit/s to 309 Mbit/s, and the policy ran
+#: PowerSGD r8 on the fast link for 155 steps). The drops this path is for are 20x or more
+#: (1000 to 50 Mbit/s here, 25 to 1 Gbit/s in the issue's trace) and last.
 DROP_FACTOR = 4.0
+DROP_STEPS = 3
 
 
 def drop_threshold(reading_beta: float | None, probed_beta: float | None) -> float:
-    """The β (seconds per byte) above which a cycle's last two steps read as a drop: ``DROP_FACTOR``
+    """The β (seconds per byte) above which a cycle's last steps read as a drop: ``DROP_FACTOR``
     times the slower of the passive reading and the last probe's β; infinite (never) without
     either.
 
     Why the slower: on a fast link the passive reading of small buckets scatters far above the
-    line rate (2-13 Gbit/s read on a 1 Gbit/s link), and half of such a reading is still
-    faster than the link: every cycle would read as a drop."""
+    line rate (2-13 Gbit/s read on a 1 Gbit/s link), and a fraction of such a reading is
+    still faster than the link: every cycle would read as a drop."""
     known = [b for b in (reading_beta, probed_beta) if b is not None and math.isfinite(b) and b > 0]
     return DROP_FACTOR * max(known) if known else math.inf
 
@@ -123,16 +127,17 @@ def cycle_sample(smallest: float, recent: float, threshold: float) -> tuple[floa
     """The β a cycle contributes to the reading, and whether it read a drop of the link.
 
     ``smallest``: the cycle's smallest β over its steps and the ranks (the transfer, not a wait:
-    :class:`PassiveBandwidth`); ``recent``: the smaller β of each rank's last two timed steps,
-    smallest over the ranks (infinite with fewer than two); ``threshold``: :func:`drop_threshold`.
-    All three are the group's (an all-reduce's), so every rank gets the same answer.
+    :class:`PassiveBandwidth`); ``recent``: the smallest β of each rank's last ``DROP_STEPS``
+    timed steps, smallest over the ranks (infinite with fewer); ``threshold``:
+    :func:`drop_threshold`. All three are the group's (an all-reduce's), so every rank gets the
+    same answer.
 
     A cycle's smallest β is its fastest step: a link that dropped in the middle of a cycle
     is read one exchange late (the exchange at step 45 still read 1 Gbit/s for a drop at
     step 40, its cycle held a fast step; the policy then switched at step 53-59, session 28).
-    When both last steps were slower than the threshold on every rank, the cycle's sample is
-    those steps' β: one slow step alone (a pause, a busy core) is not a drop. ``nan`` where the
-    cycle timed nothing.
+    When all of its last steps were slower than the threshold on every rank, the cycle's sample
+    is those steps' β (folded as ``DROP_STEPS`` timings): a slow step or two (a pause, a busy
+    core) is not a drop. ``nan`` where the cycle timed nothing.
     """
     if math.isfinite(recent) and recent > threshold:
         return recent, True

@@ -31,7 +31,7 @@ from workers.calibration import calibrate_codecs, job_layout
 from workers.control import DecisionSource, TelemetrySink
 from workers.envs import WorkerEnv
 from workers.link_estimate import LinkEstimate, all_reduce_seconds
-from workers.passive_bandwidth import PassiveBandwidth, cycle_sample, drop_threshold
+from workers.passive_bandwidth import DROP_STEPS, PassiveBandwidth, cycle_sample, drop_threshold
 from workers.probe import (
     DEFAULT_SIZES,
     PROBE_STOP_FACTOR,
@@ -71,9 +71,9 @@ class Reporter:
         #: (every rank keeps one; :meth:`exchange` gives rank 0 the group's smallest).
         self._cycle_beta: float | None = None
         self._cycle_timings = 0
-        #: This rank's last two timed steps' β since the last exchange (a drop shows in the
-        #: smaller of them only when both were slow: :func:`workers.passive_bandwidth.cycle_sample`).
-        self._last_two: list[float] = []
+        #: This rank's last ``DROP_STEPS`` timed steps' β since the last exchange (a drop shows
+        #: in the smallest of them only when all were slow: :func:`workers.passive_bandwidth.cycle_sample`).
+        self._last_steps: list[float] = []
         #: Rank 0's steps in a row that sent too little for the passive estimate to time,
         #: counted from the last probe.
         self._steps_unseen = 0
@@ -173,15 +173,15 @@ class Reporter:
         threshold = math.inf
         if self.env.rank == 0 and self.estimate.has_link:
             threshold = drop_threshold(self.passive.beta_s_per_byte, self.estimate.beta_s_per_byte)
-        recent = min(self._last_two) if len(self._last_two) == 2 else math.inf
+        recent = min(self._last_steps) if len(self._last_steps) == DROP_STEPS else math.inf
         # One all-reduce for the three: rank 0's threshold is the smallest (the others send inf).
         figures = torch.tensor([math.inf if self._cycle_beta is None else self._cycle_beta, recent, threshold],
                                dtype=torch.float64)
         dist.all_reduce(figures, op=dist.ReduceOp.MIN, group=group)
         sample, dropped = cycle_sample(float(figures[0]), float(figures[1]), float(figures[2]))
-        timings, self._cycle_beta, self._cycle_timings, self._last_two = self._cycle_timings, None, 0, []
+        timings, self._cycle_beta, self._cycle_timings, self._last_steps = self._cycle_timings, None, 0, []
         if self.env.rank == 0 and math.isfinite(sample):
-            self.passive.fold(sample, max(1, timings))
+            self.passive.fold(sample, DROP_STEPS if dropped else max(1, timings))
             if dropped:
                 self.next_report = 0.0  # the policy hears of the drop after this step, not a report later
         return dropped
@@ -242,7 +242,7 @@ class Reporter:
             if sample is not None:
                 self._cycle_beta = sample if self._cycle_beta is None else min(self._cycle_beta, sample)
                 self._cycle_timings += 1
-                self._last_two = (self._last_two + [sample])[-2:]
+                self._last_steps = (self._last_steps + [sample])[-DROP_STEPS:]
         if self.env.rank != 0:
             return
         self.quality.after_step(self._estimates_can_matter)

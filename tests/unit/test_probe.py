@@ -417,17 +417,19 @@ def test_a_drop_is_judged_against_the_slower_of_the_reading_and_the_probe() -> N
     assert drop_threshold(None, None) == math.inf and drop_threshold(math.inf, 0.0) == math.inf
 
 
-def test_a_cycle_reads_a_drop_only_when_its_last_two_steps_were_slow_on_every_rank() -> None:
+def test_a_cycle_reads_a_drop_only_when_its_last_steps_were_all_slow_on_every_rank() -> None:
     """The cycle's smallest β is its fastest step: a drop in the middle of a cycle hides behind
-    the fast steps before it, and is read from the last two steps instead."""
+    the fast steps before it, and is read from the last ``DROP_STEPS`` steps instead (each
+    rank's smallest of them, the smallest over the ranks: ``recent``)."""
     threshold = drop_threshold(FAST, FAST)
-    # Steps 40-44: the link fell at step 42. The smallest is step 40's; the last two were slow.
+    # Steps 40-44: the link fell at step 41. The smallest is step 40's; the last three were slow.
     assert cycle_sample(smallest=FAST, recent=SLOW, threshold=threshold) == (SLOW, True)
     # The whole cycle slow: read as a drop too (the smallest is already slow).
     assert cycle_sample(smallest=SLOW, recent=SLOW, threshold=threshold) == (SLOW, True)
-    # One slow step last (a pause, a busy core): the smaller of the last two is fast, no drop.
+    # One of the last steps fast (slow ones: a pause, a busy core), or the link only 3x slower.
     assert cycle_sample(smallest=FAST, recent=FAST * 1.1, threshold=threshold) == (FAST, False)
-    # Fewer than two timed steps (a compressor whose payloads are too small to time).
+    assert cycle_sample(smallest=FAST, recent=FAST * 3, threshold=threshold) == (FAST, False)
+    # Fewer timed steps than that (a compressor whose payloads are too small to time).
     assert cycle_sample(smallest=SLOW, recent=math.inf, threshold=threshold) == (SLOW, False)
     sample, dropped = cycle_sample(smallest=math.inf, recent=math.inf, threshold=threshold)
     assert math.isnan(sample) and not dropped
