@@ -408,8 +408,8 @@ FAST, SLOW = 1 / (1000 * MB / 8), 1 / (50 * MB / 8)  # β (s/byte) at 1000 and 5
 
 
 def test_a_drop_is_judged_against_the_slower_of_the_reading_and_the_probe() -> None:
-    """The passive reading of a fast link scatters above the line rate; half of such a reading
-    is no drop."""
+    """The passive reading of a fast link scatters above the line rate; a fraction of such a
+    reading is no drop."""
     scattered_high = FAST / 5  # 5 Gbit/s read on the 1 Gbit/s link
     assert drop_threshold(scattered_high, FAST) == DROP_FACTOR * FAST
     assert drop_threshold(SLOW, FAST) == DROP_FACTOR * SLOW  # the reading already saw a slower link
