@@ -188,6 +188,9 @@ class CompressionConfig(_Section):
     hook's buckets travel and how often the ranks agree on the compressor."""
 
     mode: Literal["fixed", "adaptive"] = "fixed"
+    #: The compressor from step 0: a fixed job's for the whole run, an adaptive job's until the
+    #: policy's first decision (unnamed: ``registry.DEFAULT_COMPRESSOR`` when fixed, a cast
+    #: when adaptive, ``registry.adaptive_start``).
     compressor: str = registry.DEFAULT_COMPRESSOR
     #: The low-rank compressors' rank (powersgd, acpsgd): ``compressors.build(name, rank=...)``.
     #: Named so it is not read as a process rank; ``rank`` is accepted as its old spelling.
@@ -222,6 +225,19 @@ class CompressionConfig(_Section):
     def _one_rank(cls, data: Any) -> Any:
         if isinstance(data, Mapping) and "rank" in data and "compressor_rank" in data:
             raise ValueError("rank: given twice, as rank and as compressor_rank; give compressor_rank once")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _adaptive_start(cls, data: Any) -> Any:
+        """An adaptive job that names no compressor starts on a cast (``registry.adaptive_start``),
+        not on the fixed default: its first steps run before the policy's first decision."""
+        if isinstance(data, Mapping) and data.get("mode") == "adaptive" and data.get("compressor") is None:
+            allowed = data.get("allowed")
+            if isinstance(allowed, (list, tuple)) and allowed and all(isinstance(n, str) for n in allowed):
+                return {**data, "compressor": registry.adaptive_start(list(allowed))}
+            if allowed is None:
+                return {**data, "compressor": registry.adaptive_start()}
         return data
 
     @field_validator("compressor")

@@ -39,16 +39,18 @@ from benchmarks.adaptive.scenarios import (
 from benchmarks.machine import bench_lock, foreign_load, wait_for_quiet
 from benchmarks.outputs import write_json_and_table
 from benchmarks.testbed import Testbed
-from planning.sections import LR_SCHEDULES
+from planning.sections import LR_SCHEDULES, CompressionConfig
 
 # --------------------------------------------------------------------------- main
 
 
 def compression_of(choice: str, args: argparse.Namespace) -> dict[str, Any]:
     """``adaptive``: the policy with its DEFAULT bounds (every compressor, ranks 1..64) and the
-    benchmark's scaled dwell; else a fixed label's block."""
+    benchmark's scaled dwell, starting where an adaptive job starts by default unless ``--start``
+    names a compressor; else a fixed label's block."""
     if choice == ADAPTIVE:
-        return {"mode": "adaptive", "compressor": args.start, "min_dwell_s": args.min_dwell_s}
+        block: dict[str, Any] = {"mode": "adaptive", "min_dwell_s": args.min_dwell_s}
+        return {**block, "compressor": args.start} if args.start else block
     return fixed_compression(choice)
 
 
@@ -162,7 +164,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--probe-budget", type=float, default=0.05,
                         help="share of run time probes may take (estimates: half of it); scaled up like the "
                              "dwell, as phases here last seconds, not minutes (the job default is 0.02)")
-    parser.add_argument("--start", default="none", help="the adaptive run's first compressor")
+    parser.add_argument("--start", default=None,
+                        help="the adaptive run's first compressor (default: an adaptive job's own, registry.adaptive_start)")
     parser.add_argument("--min-dwell-s", type=float, default=2.0,
                         help="the policy's minimum dwell, scaled to the schedule's seconds-long phases "
                              "(the job default, 30 s, suits links that change over minutes)")
@@ -272,7 +275,9 @@ def main(argv: Sequence[str] | None = None, backends: BackendFactory = local_bac
                   "probe_interval_s": args.probe_interval_s, "probe_budget": args.probe_budget,
                   "sync_every": args.sync_every, "report_interval_s": args.report_interval_s,
                   "cluster": where,
-                  ADAPTIVE: compression_of(ADAPTIVE, args), "cpu_cores": os.cpu_count(),
+                  ADAPTIVE: compression_of(ADAPTIVE, args),
+                  "adaptive_start": CompressionConfig.model_validate(compression_of(ADAPTIVE, args)).compressor,
+                  "cpu_cores": os.cpu_count(),
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                   "wall_s": round(time.monotonic() - started)}
     if args.merge_only:

@@ -310,6 +310,24 @@ def test_the_jobs_hysteresis_settings_reach_the_policy():
     assert (tuned.min_dwell_s, tuned.gain_threshold) == (2.5, 0.2)
 
 
+def test_an_adaptive_job_that_names_no_compressor_starts_on_a_cast_it_allows():
+    """Its first steps run before the policy's first decision: a cast sends half of ``none``'s
+    bytes at a known error, and bf16 cannot overflow; a compressor the job names, and a fixed
+    job's default, are kept."""
+    from planning import registry
+
+    assert CompressionConfig(mode="adaptive").compressor == "bf16"
+    assert CompressionConfig.model_validate({"mode": "adaptive", "allowed": ["none", "fp16", "acpsgd"]}).compressor == "fp16"
+    assert CompressionConfig(mode="adaptive", allowed=["acpsgd", "none"]).compressor == "none"
+    assert CompressionConfig(mode="adaptive", allowed=["topk", "acpsgd"]).compressor == "topk"
+    assert CompressionConfig(mode="adaptive", compressor="acpsgd", rank=4).compressor == "acpsgd"
+    assert CompressionConfig().compressor == CompressionConfig(mode="fixed").compressor == registry.DEFAULT_COMPRESSOR
+    with pytest.raises(ValueError, match="allowed"):
+        CompressionConfig(mode="adaptive", allowed=[])
+    with pytest.raises(ValueError, match="allowed"):
+        CompressionConfig(mode="adaptive", allowed=["gzip"])
+
+
 @pytest.mark.parametrize("field, value", [("min_dwell_s", -1.0), ("gain_threshold", 1.5)])
 def test_hysteresis_settings_out_of_range_name_the_field(field: str, value: float):
     with pytest.raises(ValueError, match=field):
