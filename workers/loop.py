@@ -13,7 +13,8 @@ bottom:
 4. every ``compression.sync_every`` steps rank 0 broadcasts the decision in force (and
    whether to probe the link); every rank switches compressor at that same step;
 5. rank 0 reports telemetry every ``probing.report_interval_s`` (``workers.reporter``); every
-   rank checkpoints every ``checkpoints.every`` steps and at the end.
+   rank checkpoints every ``checkpoints.every`` steps and at the end; with ``GRADWIRE_STEP_TRACE``
+   set, every rank writes each step's timings (``workers.step_trace``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from workers.heap import keep_heap
 from workers.loaders import InfiniteLoader, batches_per_epoch, make_loader
 from workers.reporter import Reporter
 from workers.scripted import decision_source
+from workers.step_trace import StepTrace
 from workers.timing import StepTimer
 from workers.trainstate import RankRecord, resume, save
 from workers.usercode import Workload, build_workload
@@ -90,8 +92,11 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     switches: list[dict[str, Any]] = []
     run_started = time.monotonic()
     log.info("rank %d: training %s steps %d..%d with %s", env.rank, cfg.model.name, start_step, total_steps, sync.compressor.label)
+    trace = StepTrace.from_env(env.rank, {"name": cfg.name, "mode": cfg.compression.mode,
+                                          "compressor": sync.compressor.label, "seed": cfg.seed})
 
     for step in range(start_step, total_steps):
+        started, began = time.time(), time.perf_counter()
         # 4. agree on the compressor (and a probe) at the same step on every rank
         if agreement.due(step):
             agreed = agree_and_switch(step, agreement, reporter, sync, timer)
@@ -100,9 +105,11 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
                                        "compressor": agreed.decision.compressor, "params": agreed.decision.params})
             if agreed.switched_to is not None:
                 switches.append(switch_record(step, agreed, started_at=run_started))
+        agreed_at = time.perf_counter()
         # 3. one step, every phase timed
         loss = train_step(ddp, optimizer, loader, timer, device, scheduler, loss_fn=workload.loss_fn)
-        timer.end_step(step, sync.last_step())
+        timing = timer.end_step(step, sync.last_step())
+        trained_at = time.perf_counter()
         last = sync.last_step()
         record.step_compressors[step] = last.compressor if last else sync.compressor.label
         loss_value = float(loss.detach())
@@ -110,8 +117,14 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
             raise FloatingPointError(f"loss became {loss_value} at step {step} with {sync.compressor.label}")
         # 5. telemetry and checkpoints
         reporter.after_step(step, loss_value, timer, model)
+        reported_at = time.perf_counter()
         if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < total_steps:
             save(env, step + 1, model, optimizer, scheduler, sync, agreement, record, {"step": step + 1, "loss": loss_value})
+        if trace.enabled:
+            trace.step(step, started, {"agree": agreed_at - began, "train": trained_at - agreed_at,
+                                       "after": reported_at - trained_at, "checkpoint": time.perf_counter() - reported_at},
+                       timing.seconds, last)
+    trace.close()
 
     summary = _summary(cfg, env, sync, timer, total_steps, loss_value, switches, workload, device)
     summary["checkpoint_every"] = checkpoint_every
