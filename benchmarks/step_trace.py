@@ -87,10 +87,24 @@ def run_figures(run: Sequence[RankTrace], lo: int, hi: int) -> dict[str, float]:
     return figures
 
 
+def step_start(trace: RankTrace, step: int) -> float | None:
+    """When ``step`` started; for the step after the last traced one, when the last one ended."""
+    if step in trace.steps:
+        return float(trace.steps[step]["started"])
+    last = trace.steps.get(step - 1)
+    if last is None or step - 1 != max(trace.steps):
+        return None
+    return float(last["started"]) + sum(last.get(key, 0.0) for key in AROUND_STEP)
+
+
 def window_seconds(trace: RankTrace, edges: Sequence[int]) -> list[float | None]:
-    """Rank 0's wall seconds from the start of step ``a`` to that of step ``b`` for each pair of edges."""
-    return [trace.steps[b]["started"] - trace.steps[a]["started"] if a in trace.steps and b in trace.steps else None
-            for a, b in zip(edges, edges[1:])]
+    """Wall seconds from the start of step ``a`` to that of step ``b`` for each pair of edges
+    (the last edge may be the step count: the end of the last step)."""
+    out: list[float | None] = []
+    for a, b in zip(edges, edges[1:]):
+        start, end = step_start(trace, a), step_start(trace, b)
+        out.append(end - start if start is not None and end is not None else None)
+    return out
 
 
 def summary(traces: Sequence[RankTrace], lo: int, hi: int, edges: Sequence[int] = ()) -> str:

@@ -52,6 +52,8 @@ def test_figures_are_the_runs_means_in_milliseconds(folder: Path):
     assert figures["r1 lag"] == pytest.approx(-1.5)  # rank 0 is the late one
     assert figures["r0 forward"] == pytest.approx(4.0)
     assert window_seconds(adaptive[0], [0, 5, 9, 20]) == [pytest.approx(0.160), pytest.approx(0.128), None]
+    # the step count as the last edge: to the end of the last step (its start plus the work around it)
+    assert window_seconds(adaptive[0], [5, 10]) == [pytest.approx(0.160)]
 
 
 def test_the_summary_takes_the_median_over_a_labels_runs(folder: Path):
@@ -59,7 +61,8 @@ def test_the_summary_takes_the_median_over_a_labels_runs(folder: Path):
     assert "runs: adaptive 1, powersgd-r4 2" in table
     assert "| wall | 32.000 | 32.000 |" in table  # the fixed runs' 30 and 34 ms: median 32
     assert "| r0 after | 2.000 | 0.000 |" in table
-    assert "| powersgd-r4 | 0.160 | - |" in table  # step 10 was never traced
+    assert "| powersgd-r4 | 0.160 | 0.160 |" in table  # step 10: the end of the last step
+    assert "| powersgd-r4 | 0.160 | - |" in summary(load(folder), 0, 10, [0, 5, 11])  # step 11 is beyond it
 
 
 def test_bad_input_gets_a_message_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
