@@ -59,7 +59,8 @@ def adaptive_start(allowed: list[str] | tuple[str, ...] | None = None) -> str:
     for name in ADAPTIVE_START:
         if allowed is None or name in allowed:
             return name
-    assert allowed, "allowed: an adaptive job allows at least one compressor"
+    if not allowed:
+        raise ValueError("allowed: must name at least one compressor")
     return allowed[0]
 
 

@@ -15,7 +15,7 @@ step its ``step``, ``started`` (wall clock, ``time.time()``, to line the ranks u
 seconds of the work around the training step (``agree``: the switch agreement and what comes
 with it; ``train``: the step itself; ``after``: telemetry, rank 0's estimates and policy;
 ``checkpoint``), the compressor that ran it, its bytes, and the timer's phases
-(docs/step.md, "Timing phases"). Unset, nothing is written and a step costs four clock reads.
+(docs/step.md, "Timing phases"). Unset, nothing is written and a step costs a few clock reads.
 """
 
 from __future__ import annotations
@@ -41,8 +41,11 @@ class StepTrace:
         self.path = path
         self._out: IO[str] | None = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._out = path.open("w", buffering=1)  # a line at a time: a killed rank keeps its steps
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._out = path.open("w", buffering=1)  # a line at a time: a killed rank keeps its steps
+            except OSError as exc:
+                raise ValueError(f"{TRACE_ENV}: cannot write step traces to {path.parent}: {exc.strerror or exc}") from None
             self._out.write(json.dumps(dict(job)) + "\n")
 
     @classmethod

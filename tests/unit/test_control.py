@@ -326,6 +326,8 @@ def test_an_adaptive_job_that_names_no_compressor_starts_on_a_cast_it_allows():
         CompressionConfig(mode="adaptive", allowed=[])
     with pytest.raises(ValueError, match="allowed"):
         CompressionConfig(mode="adaptive", allowed=["gzip"])
+    with pytest.raises(ValueError, match="allowed"):
+        registry.adaptive_start([])
 
 
 @pytest.mark.parametrize("field, value", [("min_dwell_s", -1.0), ("gain_threshold", 1.5)])

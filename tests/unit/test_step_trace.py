@@ -83,3 +83,7 @@ def test_the_trace_is_off_unless_the_environment_names_a_folder(tmp_path: Path, 
     with pytest.raises(ValueError, match="around"):
         on.step(0, 0.0, {"lunch": 0.1}, {}, None)
     on.close()
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(TRACE_ENV, str(tmp_path / "a-file" / "traces"))
+    with pytest.raises(ValueError, match=f"{TRACE_ENV}: cannot write step traces"):
+        StepTrace.from_env(0, {"mode": "fixed"})
