@@ -37,7 +37,7 @@ from compressors.fusion import (
     to_wire,
     unpack_mean,
 )
-from compressors.lowrank import Factors, LowRankCompressor, orthonormal_columns
+from compressors.lowrank import Factors, LowRankCompressor, orthonormal_columns, singular_triplets
 from planning import wire
 from planning.spec import CompressorSpec
 
@@ -72,14 +72,13 @@ class ACPSGD(LowRankCompressor):
             return super().lost_energy(spec, tensor, flat, cache)
         if "stale_captured" not in cache:
             n, m = wire.matrix_dims(shape)
-            current = tensor.reshape(n, m).to(torch.float32)
-            before = previous.reshape(n, m).to(device=current.device, dtype=torch.float32)
-            left, values, right_t = torch.linalg.svd(before, full_matrices=False)
-            held = (values > values[:1] * max(n, m) * torch.finfo(torch.float32).eps).to(torch.float32)
+            current = tensor.reshape(n, m).to(torch.float64)
+            values, left, right = singular_triplets(previous.reshape(n, m).to(current.device))
+            held = (values > values[:1] * max(n, m) * torch.finfo(torch.float32).eps).to(torch.float64)
             # Energy of this step's gradient captured by the first r left / right singular
             # vectors of the step before, for every r at once (cumulative over the vectors).
             by_left = torch.cumsum(torch.sum((left.t() @ current) ** 2, dim=1) * held, dim=0)
-            by_right = torch.cumsum(torch.sum((current @ right_t.t()) ** 2, dim=0) * held, dim=0)
+            by_right = torch.cumsum(torch.sum((current @ right) ** 2, dim=0) * held, dim=0)
             cache["stale_captured"] = (float(torch.sum(current * current)), by_left.cpu(), by_right.cpu())
         total, by_left, by_right = cache["stale_captured"]
         rank = wire.effective_rank(spec, shape)

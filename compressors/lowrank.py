@@ -71,6 +71,46 @@ class FactorStore:
         }
 
 
+def _gram(matrix: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``matrix`` in float64 and its Gram matrix on the smaller side (``A Aᵀ`` when it has
+    no more rows than columns, else ``Aᵀ A``), and whether that side is the rows."""
+    wide = matrix.shape[0] <= matrix.shape[1]
+    a = matrix.to(torch.float64)
+    return (a @ a.T if wide else a.T @ a), wide
+
+
+def squared_singular_values(matrix: torch.Tensor) -> torch.Tensor:
+    """The squared singular values of 2-D ``matrix``, largest first (float64): the
+    eigenvalues of its Gram matrix on the smaller side.
+
+    Why not ``torch.linalg.svdvals``: the quality signal's estimates need them for every
+    sampled matrix on rank 0 between steps, where the other ranks wait; the Gram matrix is a
+    matrix product and its eigenvalues a small symmetric problem, 3-4x faster on a CPU core
+    (128x1024: 1.4 against 4.9 ms; BERT's 768x3072: 117 against 374 ms), and in float64 the
+    values agree with ``svdvals``' to 1e-16 of the matrix's energy (squaring the condition
+    number costs nothing the estimates resolve: they are sums of these values).
+    """
+    gram, _ = _gram(matrix)
+    return torch.linalg.eigvalsh(gram).flip(0).clamp_(min=0.0)
+
+
+def singular_triplets(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(σ, U, V)`` of 2-D ``matrix`` (n×m), largest first, in float64: ``U`` n×k, ``V`` m×k
+    with k = min(n, m), ``matrix ≈ U diag(σ) Vᵀ``. From the Gram matrix's eigenvectors on the
+    smaller side (:func:`squared_singular_values` says why); the other side's vectors are
+    ``Aᵀ U / σ`` (or ``A V / σ``), zero where σ is: a direction the matrix does not hold has
+    no singular vector worth the name (``ACPSGD.lost_energy`` counts none there)."""
+    gram, wide = _gram(matrix)
+    values, vectors = torch.linalg.eigh(gram)
+    # Largest first; contiguous, since a product with the flipped view runs 3x slower.
+    values, vectors = values.flip(0).clamp_(min=0.0), vectors.flip(1).contiguous()
+    sigma = values.sqrt()
+    a = matrix.to(torch.float64)
+    inverse = torch.where(sigma > 0, 1.0 / sigma.clamp(min=torch.finfo(torch.float64).tiny), torch.zeros_like(sigma))
+    other = ((vectors.T @ a).T if wide else a @ vectors) * inverse
+    return (sigma, vectors, other) if wide else (sigma, other, vectors)
+
+
 def orthonormal_columns(matrices: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Orthonormal bases of each matrix's columns (reduced QR), batched by shape.
 
@@ -110,10 +150,11 @@ class LowRankCompressor(ErrorFeedbackCompressor):
     @classmethod
     def lost_energy(cls, spec: CompressorSpec, tensor: torch.Tensor, flat: torch.Tensor, cache: dict[str, Any],
                     previous: torch.Tensor | None = None) -> float:
-        """The best rank-r approximation's error (Eckart–Young, from ``svdvals``)."""
+        """The best rank-r approximation's error (Eckart–Young: the sum of the squared
+        singular values past the r-th, :func:`squared_singular_values`)."""
         if "spectrum" not in cache:
             n, m = wire.matrix_dims(tuple(tensor.shape))
-            cache["spectrum"] = torch.linalg.svdvals(tensor.reshape(n, m).to(torch.float32)) ** 2
+            cache["spectrum"] = squared_singular_values(tensor.reshape(n, m))
         return float(torch.sum(cache["spectrum"][wire.effective_rank(spec, tuple(tensor.shape)):]))
 
     def keep_factors(self, key: str, factors: Factors) -> None:

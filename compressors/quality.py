@@ -31,10 +31,10 @@ gradient (uncompressed tensors count in ``‖x‖`` with no error):
   against 0.3843; uncompressed 0.3809). The exchange carries ``g`` at the coordinates too.
 * **every candidate's estimate**, every few steps, by :func:`estimate_errors` on a sample of
   this step's gradient matrices (the way L-GreCo measures per-layer error): PowerSGD's best
-  rank-r error from one ``svdvals`` per matrix for all ranks at once (its warm-started power
+  rank-r error from one spectrum per matrix for all ranks at once (its warm-started power
   iteration approaches it from above); ACP-SGD's from projecting on the top-r subspaces of the
   same matrices one step before (its factor is a step old: ``ACPSGD.lost_energy``; the meter
-  keeps the two consecutive steps), top-k's from one sort, scaled sign's in closed form
+  keeps the two consecutive steps), top-k's from one ``topk``, scaled sign's in closed form
   ``1 − ‖x‖₁² / (d·‖x‖²)``, the casts' by casting. The estimate runs on the raw gradient,
   whichever compressor runs, so candidates are compared on the same input.
 
@@ -393,7 +393,7 @@ def estimate_errors(tensors: Iterable[torch.Tensor], specs: Sequence[CompressorS
 
     A tensor the candidate leaves uncompressed (``wire.is_compressed``) counts with no loss.
     What a compressed one loses is its kernel's ``Compressor.lost_energy``: PowerSGD, the best
-    rank-r approximation's error (Eckart–Young, from ``svdvals``); ACP-SGD, the error of
+    rank-r approximation's error (Eckart–Young, ``compressors.lowrank.squared_singular_values``); ACP-SGD, the error of
     projecting on the step before's top-r subspaces (its factor is a step old; the best rank-r
     error without ``previous``); top-k, the mass outside the k largest magnitudes; signsgd,
     the scaled sign's closed form; the casts (by running them) their rounding; none: 0.

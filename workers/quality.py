@@ -7,8 +7,9 @@ error needs every rank's coordinates: :meth:`QualitySignal.exchange`, collective
 asks its meter for a sample of gradient matrices when an estimate is due, and times
 everything it does, so the summary can state the overhead (``overhead()``).
 
-Why a budget: an estimate costs one ``svdvals`` per sampled matrix (0.1-0.3 s for BERT's
-largest on a CPU core), and one full SVD more of its step before where ACP-SGD is a candidate; at a fixed step interval that would be a fixed share of a fast step
+Why a budget: an estimate costs one spectrum per sampled matrix (0.12 s for BERT's largest
+on a CPU core: ``compressors.lowrank.squared_singular_values``), and one eigen-decomposition
+more of its step before where ACP-SGD is a candidate; at a fixed step interval that would be a fixed share of a fast step
 and nothing of a slow one. Like the probe (``workers.probe_scheduler.ProbeScheduler``), it runs at most
 every ``probe_interval_s`` and only while its total cost stays within ``budget`` of the run
 time; half the job's probe budget is the default. And only when it could matter: the caller

@@ -115,6 +115,47 @@ def test_estimates_follow_each_candidates_definition():
     assert errors["signsgd"] == pytest.approx(float((flat - scaled_sign).norm() / flat.norm()), rel=1e-4)
 
 
+@pytest.mark.parametrize("shape", [(40, 30), (30, 40), (12, 12)])
+def test_the_gram_route_gives_the_singular_values_and_vectors(shape):
+    """``squared_singular_values`` and ``singular_triplets`` (the estimates' faster route)
+    against ``torch.linalg.svd``, wide, tall and square, on a matrix of rank 5: the values
+    match, the triplets rebuild the matrix, each top vector spans the SVD's (up to sign), and
+    the directions the matrix lacks get no vector."""
+    from compressors.lowrank import singular_triplets, squared_singular_values
+
+    gen = torch.Generator().manual_seed(11)
+    matrix = torch.randn(shape[0], 5, generator=gen) @ torch.randn(5, shape[1], generator=gen)
+    u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
+    energy = float(torch.sum(s ** 2))
+    assert torch.allclose(squared_singular_values(matrix), s ** 2, atol=1e-9 * energy)
+    sigma, left, right = singular_triplets(matrix)
+    assert left.shape == (shape[0], min(shape)) and right.shape == (shape[1], min(shape))
+    assert torch.allclose(sigma, s, atol=1e-6 * float(s[0]))
+    assert torch.allclose((left * sigma) @ right.T, matrix.double(), atol=1e-5)
+    for index in range(5):
+        assert abs(float(left[:, index] @ u[:, index])) == pytest.approx(1.0, abs=1e-6)
+        assert abs(float(right[:, index] @ vh[index])) == pytest.approx(1.0, abs=1e-6)
+    held = sigma > float(sigma[0]) * 1e-6
+    assert int(held.sum()) == 5
+
+
+def test_topks_estimate_serves_every_ratio_in_either_order():
+    """One ``topk`` at the largest k serves the smaller ratios; a larger k asked after a smaller
+    one is computed again, not read past the end of the kept values."""
+    gen = torch.Generator().manual_seed(12)
+    flat = torch.randn(5000, generator=gen)
+    squares = torch.sort(flat.double() ** 2, descending=True).values
+
+    def definition(ratio: float) -> float:
+        return math.sqrt(float(torch.sum(squares[int(ratio * flat.numel()):]) / torch.sum(squares)))
+
+    small, large = make_spec("topk", ratio=0.01), make_spec("topk", ratio=0.1)
+    for order in ([small, large], [large, small]):
+        errors = estimate_errors([flat.reshape(50, 100)], order)
+        assert errors["topk-0.01"] == pytest.approx(definition(0.01), rel=1e-6)
+        assert errors["topk-0.1"] == pytest.approx(definition(0.1), rel=1e-6)
+
+
 def test_estimates_pool_over_tensors_and_count_uncompressed_ones_as_exact():
     gen = torch.Generator().manual_seed(4)
     big, small = torch.randn(64, 64, generator=gen), torch.randn(3, 4, generator=gen)
