@@ -13,8 +13,10 @@ communicate, decompress`` come from GradientSync, as in gradwire's own loop.
 The rest is the built-in loop's own machinery (``workers.loop``): rank 0's reporter (link
 probes, passive bandwidth, phase means, model profile), the decision source (the
 coordinator over HTTP, or the in-process adaptive policy, or the fixed choice), and the
-agreement every ``sync_every`` steps by which all ranks switch compressor at the same step.
-With a coordinator, rank 0 registers the run as an *external* job (the coordinator records
+agreement every ``sync_every`` steps by which all ranks switch compressor at the same step,
+and with ``GRADWIRE_STEP_TRACE`` set every rank's step trace (``workers.step_trace``: ``train``
+is the user's step from the end of the last ``session.step`` call, ``after`` rank 0's reporting,
+``agree`` the agreement made before the step). With a coordinator, rank 0 registers the run as an *external* job (the coordinator records
 it, decides for it and shows it, but launches nothing) unless it is given an existing one.
 """
 
@@ -60,6 +62,7 @@ from workers.control import (
     TelemetrySink,
 )
 from workers.reporter import Reporter
+from workers.step_trace import StepTrace
 from workers.timing import StepTimer
 
 log = logging.getLogger(__name__)
@@ -122,7 +125,10 @@ class TrainingSession:
         self._handles: list[Any] = []
         self._install_hooks()
         self.reporter.probe_at_start(sync.process_group)
-        self._begin("data")
+        self.trace = StepTrace.from_env(self.rank, {"name": cfg.name, "mode": cfg.compression.mode,
+                                                    "compressor": sync.compressor.label, "seed": cfg.seed})
+        self._agree_s = 0.0  # the agreement made before the step in progress (traced with it)
+        self._began()
 
     # ---- phase timing by hooks -----------------------------------------------------------
 
@@ -169,16 +175,28 @@ class TrainingSession:
         if self.closed:
             return
         self._end_all()
+        trained_at = time.perf_counter()
         step = self.step_index
-        self.timer.end_step(step, self.sync.last_step())
+        last = self.sync.last_step()
+        timing = self.timer.end_step(step, last)
         value = float(loss.detach()) if isinstance(loss, torch.Tensor) else (float(loss) if loss is not None else float("nan"))
         self.reporter.after_step(step, value, self.timer, self.ddp.module)
+        if self.trace.enabled:
+            self.trace.step(step, self._started, {"agree": self._agree_s, "train": trained_at - self._step_began,
+                                                  "after": time.perf_counter() - trained_at}, timing.seconds, last)
         self.step_index = step + 1
+        agree_began = time.perf_counter()
         if self.agreement.due(self.step_index):
             self._agree(self.step_index)
+        self._agree_s = time.perf_counter() - agree_began
         if self.steps is not None and self.step_index >= self.steps:
             self.close()
             return
+        self._began()
+
+    def _began(self) -> None:
+        """The next step begins (its ``data`` phase runs until the model's forward)."""
+        self._started, self._step_began = time.time(), time.perf_counter()
         self._begin("data")
 
     def _agree(self, step: int) -> None:
@@ -196,6 +214,7 @@ class TrainingSession:
         self._end_all()
         for handle in self._handles:
             handle.remove()
+        self.trace.close()
         self.reporter.close({})
 
     # ---- what the script may read ----------------------------------------------------------
@@ -203,6 +222,13 @@ class TrainingSession:
     @property
     def compressor(self) -> str:
         return self.sync.compressor.label
+
+    @property
+    def link_drops_read(self) -> list[int]:
+        """The regular exchanges (their steps) that read a drop of the link, each of which made
+        the next exchanges eager (``workers.control.SwitchAgreement.link_dropped``), as the
+        built-in loop's summary lists them."""
+        return list(self.agreement.drops)
 
     def phase_means(self) -> dict[str, float]:
         return self.timer.means()

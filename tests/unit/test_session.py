@@ -59,6 +59,35 @@ def test_a_users_loop_is_timed_by_hooks_and_ends_after_its_steps(one_rank_group)
     assert len(session.timer.recent) == 6 and not session._open
 
 
+def test_a_users_loop_writes_the_step_trace_when_asked(one_rank_group, tmp_path, monkeypatch):
+    """``GRADWIRE_STEP_TRACE`` in the user's own loop, as in the built-in one: a header naming
+    the job, then every step with its user's step (``train``: data, forward, backward and
+    optimizer), rank 0's reporting after it, and the agreement before it; read back by the
+    benchmark's reader. No drop of the link was read: the list the built-in summary shows is empty."""
+    from benchmarks.step_trace import load
+    from workers.step_trace import TRACE_ENV
+
+    monkeypatch.setenv(TRACE_ENV, str(tmp_path / "steps"))
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    session = start(model, device=torch.device("cpu"), wrap=DistributedDataParallel, compression="powersgd",
+                    rank=2, steps=7, name="mine", sync_every=3)
+    optimizer = torch.optim.SGD(session.ddp.parameters(), lr=0.1)
+    train(session, session.ddp, 7, optimizer)
+    (trace,) = load(tmp_path / "steps")
+    assert trace.rank == 0
+    assert trace.job == {"name": "mine", "mode": "fixed", "compressor": "powersgd-r2", "seed": session.cfg.seed}
+    assert sorted(trace.steps) == list(range(7))
+    for step, line in trace.steps.items():
+        phases = line["phases"]
+        assert line["compressor"] == "powersgd-r2" and line["bytes"] > 0
+        assert line["train"] >= phases["data"] + phases["forward"] + phases["backward"] + phases["optimizer"] > 0
+        assert line["after"] > 0
+        assert line["agree"] >= 0, step
+    starts = [trace.steps[s]["started"] for s in range(7)]
+    assert starts == sorted(starts)
+    assert session.link_drops_read == []
+
+
 def test_a_session_reports_to_its_job_and_follows_a_pin(one_rank_group, coordinator):
     url = coordinator.url
     job = submit(url, {**SMALLEST_SPEC, "name": "script", "model": "train:Net", "dataset": "external",
