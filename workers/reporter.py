@@ -269,9 +269,10 @@ class Reporter:
         # Measured again only while a choice without a codec in the hook runs (none, a cast):
         # backward's wall time holds the hook's work, and a lossy codec's would then be
         # counted twice, in the profile's backward and in the cost model's codec time.
+        floor = timer.compute_floor()
         if len(timer.recent) >= 3 and (self.model_profile is None or (
-                not registry.is_lossy(spec.name) and profile_stale(self.model_profile, means, len(timer.recent)))):
-            profile = self.model_profile = self._profile(model, means)
+                not registry.is_lossy(spec.name) and profile_stale(self.model_profile, floor, len(timer.recent)))):
+            profile = self.model_profile = self._profile(model, floor)
             self._cost_profile = None
         grad_norm = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters() if p.grad is not None])
@@ -320,7 +321,10 @@ class Reporter:
         m = policy_measurements(self._last_report, self._cost_profile, self.sync.compressor.spec)
         return m is None or estimates_can_matter(m, policy_config(self.cfg.compression))
 
-    def _profile(self, model: torch.nn.Module, means: dict[str, float]) -> ModelProfile:
+    def _profile(self, model: torch.nn.Module, floor: dict[str, float]) -> ModelProfile:
+        """The model profile from the compute phases' least seconds over the timer's window
+        (``workers.timing.StepTimer.compute_floor`` says why), the job's layout and, the first
+        time, the codecs' calibration."""
         shapes, buckets = job_layout(model, self.cfg)
         if self.cfg.compression.mode == "adaptive" and not self.calibration:
             self.calibration, self.per_element = calibrate_codecs(shapes, buckets, self.cfg, self.env.world_size,
@@ -328,9 +332,9 @@ class Reporter:
         return ModelProfile(
             shapes=[list(s) for s in shapes],
             buckets=[list(b) for b in buckets],
-            forward_s=means["forward"],
-            backward_s=max(0.0, means["backward"] - means["exposed_comm"]),
-            optimizer_s=means["optimizer"],
+            forward_s=floor["forward"],
+            backward_s=floor["backward"],
+            optimizer_s=floor["optimizer"],
             codec_s=self.calibration,
             codec_per_element_s=self.per_element,
             device=str(self.env.device),
@@ -341,16 +345,17 @@ class Reporter:
             sink.close()
 
 
-#: A profile is measured again when the forward pass's mean over at least
-#: ``PROFILE_RECHECK_STEPS`` timed steps differs from the profile's by more than this share.
+#: A profile is measured again when the forward pass's least seconds over at least
+#: ``PROFILE_RECHECK_STEPS`` timed steps differ from the profile's by more than this share.
 PROFILE_DRIFT = 0.3
 PROFILE_RECHECK_STEPS = 10
 
 
-def profile_stale(profile: ModelProfile | None, means: dict[str, float], timed_steps: int) -> bool:
+def profile_stale(profile: ModelProfile | None, floor: dict[str, float], timed_steps: int) -> bool:
     """Whether the model profile sent (``profile``) no longer describes the steps: the
-    forward pass's mean over the timer's window (``means``, ``timed_steps`` of them) is more
-    than ``PROFILE_DRIFT`` away from the profile's.
+    forward pass's least seconds over the timer's window (``floor``,
+    ``workers.timing.StepTimer.compute_floor``, over ``timed_steps`` steps) are more than
+    ``PROFILE_DRIFT`` away from the profile's.
 
     Why: the profile is taken from the first three timed steps, and the cost model prices
     every candidate from it for the rest of the job. In a run of the testbed's drop test
@@ -362,7 +367,7 @@ def profile_stale(profile: ModelProfile | None, means: dict[str, float], timed_s
     compressor or link changes."""
     if profile is None or timed_steps < PROFILE_RECHECK_STEPS or profile.forward_s <= 0:
         return False
-    return abs(means["forward"] - profile.forward_s) > PROFILE_DRIFT * profile.forward_s
+    return abs(floor["forward"] - profile.forward_s) > PROFILE_DRIFT * profile.forward_s
 
 
 def _version(source: DecisionSource) -> int:

@@ -117,6 +117,27 @@ class StepTimer:
             return {phase: 0.0 for phase in ALL_PHASES}
         return {phase: sum(t.seconds[phase] for t in self.recent) / len(self.recent) for phase in ALL_PHASES}
 
+    def compute_floor(self) -> dict[str, float]:
+        """The least seconds of each compute phase over the window: ``forward``, ``backward``
+        (less the communication it waited for: ``backward − exposed_comm``) and ``optimizer``,
+        each its smallest over the steps (0 with none timed). What the model profile takes.
+
+        Why the least and not the mean: what else lands on a compute phase only adds to it.
+        The run's first step carries one-time work (allocations, kernels' first calls): on the
+        benchmark's CNN forward 47 ms and backward's compute 43 ms in step 0, 22 and 11 ms in
+        step 1, 11 and 11 ms from step 2 on (session 32's step traces), and the mean of the
+        first three steps, the profile the adaptive policy's first decision used, priced every
+        candidate with twice the compute; a job that then compressed never measured it again
+        (``workers.reporter.profile_stale`` runs only while no codec is in the hook). A busy
+        neighbour's slices likewise. The cost model's step correction measures what a
+        choice's steps take beyond it (``planning.step_correction``)."""
+        if not self.recent:
+            return {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+        steps = [t.seconds for t in self.recent]
+        return {"forward": min(s["forward"] for s in steps),
+                "backward": min(max(0.0, s["backward"] - s["exposed_comm"]) for s in steps),
+                "optimizer": min(s["optimizer"] for s in steps)}
+
     def compute_jitter_s(self) -> float:
         """:func:`compute_jitter_s` over the window."""
         return compute_jitter_s([t.seconds for t in self.recent])

@@ -85,6 +85,26 @@ def test_means_over_a_window_and_reset_after_a_switch():
     assert not timer.recent and timer.means()["communicate"] == 0.0
 
 
+def test_the_compute_floor_is_each_phases_least_over_the_window():
+    """The model profile's compute: a first step with one-time work (session 32's CNN: forward
+    47 ms in step 0, 11 ms later) does not lift it, and backward's compute is each step's
+    backward less the communication it waited for, its least over the steps (not the least
+    backward less the least wait)."""
+    from workers.timing import StepTiming
+
+    timer = StepTimer(CPU)
+    assert timer.compute_floor() == {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    steps = [{"forward": 0.047, "backward": 0.184, "exposed_comm": 0.141, "optimizer": 0.0005},
+             {"forward": 0.022, "backward": 0.094, "exposed_comm": 0.083, "optimizer": 0.0004},
+             {"forward": 0.011, "backward": 0.100, "exposed_comm": 0.090, "optimizer": 0.0006}]
+    for step, seconds in enumerate(steps):
+        timer.recent.append(StepTiming(step=step, seconds={p: seconds.get(p, 0.0) for p in ALL_PHASES}, ended_at=step))
+    floor = timer.compute_floor()
+    assert floor["forward"] == pytest.approx(0.011)
+    assert floor["backward"] == pytest.approx(0.010)  # step 2's 0.100 - 0.090; 0.094 - 0.090 was never a step's
+    assert floor["optimizer"] == pytest.approx(0.0004)
+
+
 def test_a_step_does_not_leak_phases_into_the_next():
     timer = StepTimer(CPU)
     with timer.phase("data"):
