@@ -98,15 +98,18 @@ def singular_triplets(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     """``(σ, U, V)`` of 2-D ``matrix`` (n×m), largest first, in float64: ``U`` n×k, ``V`` m×k
     with k = min(n, m), ``matrix ≈ U diag(σ) Vᵀ``. From the Gram matrix's eigenvectors on the
     smaller side (:func:`squared_singular_values` says why); the other side's vectors are
-    ``Aᵀ U / σ`` (or ``A V / σ``), zero where σ is: a direction the matrix does not hold has
-    no singular vector worth the name (``ACPSGD.lost_energy`` counts none there)."""
+    ``Aᵀ U / σ`` (or ``A V / σ``), zero where σ lies within the Gram matrix's round-off of 0
+    (``max(n, m)·eps·σ₁``): a direction the matrix does not hold has no singular vector worth
+    the name (``ACPSGD.lost_energy`` counts none there), and dividing by such a σ could
+    overflow."""
     gram, wide = _gram(matrix)
     values, vectors = torch.linalg.eigh(gram)
     # Largest first; contiguous, since a product with the flipped view runs 3x slower.
     values, vectors = values.flip(0).clamp_(min=0.0), vectors.flip(1).contiguous()
     sigma = values.sqrt()
     a = matrix.to(torch.float64)
-    inverse = torch.where(sigma > 0, 1.0 / sigma.clamp(min=torch.finfo(torch.float64).tiny), torch.zeros_like(sigma))
+    resolved = sigma > sigma[:1] * max(matrix.shape) * torch.finfo(torch.float64).eps
+    inverse = torch.where(resolved, 1.0 / torch.where(resolved, sigma, torch.ones_like(sigma)), torch.zeros_like(sigma))
     other = ((vectors.T @ a).T if wide else a @ vectors) * inverse
     return (sigma, vectors, other) if wide else (sigma, other, vectors)
 

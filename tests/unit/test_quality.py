@@ -137,6 +137,10 @@ def test_the_gram_route_gives_the_singular_values_and_vectors(shape):
         assert abs(float(right[:, index] @ vh[index])) == pytest.approx(1.0, abs=1e-6)
     held = sigma > float(sigma[0]) * 1e-6
     assert int(held.sum()) == 5
+    # a matrix that holds nothing: no singular value, no vector, nothing undefined
+    sigma, left, right = singular_triplets(torch.zeros(shape))
+    assert not torch.any(sigma) and torch.isfinite(left).all() and torch.isfinite(right).all()
+    assert not torch.any(squared_singular_values(torch.zeros(shape)))
 
 
 def test_topks_estimate_serves_every_ratio_in_either_order():
