@@ -92,8 +92,7 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     switches: list[dict[str, Any]] = []
     run_started = time.monotonic()
     log.info("rank %d: training %s steps %d..%d with %s", env.rank, cfg.model.name, start_step, total_steps, sync.compressor.label)
-    trace = StepTrace.from_env(env.rank, {"name": cfg.name, "mode": cfg.compression.mode,
-                                          "compressor": sync.compressor.label, "seed": cfg.seed})
+    trace = StepTrace.for_job(env.rank, cfg, sync.compressor.label)
 
     for step in range(start_step, total_steps):
         started, began = time.time(), time.perf_counter()

@@ -125,8 +125,7 @@ class TrainingSession:
         self._handles: list[Any] = []
         self._install_hooks()
         self.reporter.probe_at_start(sync.process_group)
-        self.trace = StepTrace.from_env(self.rank, {"name": cfg.name, "mode": cfg.compression.mode,
-                                                    "compressor": sync.compressor.label, "seed": cfg.seed})
+        self.trace = StepTrace.for_job(self.rank, cfg, sync.compressor.label)
         self._agree_s = 0.0  # the agreement made before the step in progress (traced with it)
         self._began()
 

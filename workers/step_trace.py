@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Mapping
 
 from compressors.records import StepRecord
+from planning.config import TrainConfig
 
 #: The environment variable naming the folder the ranks write their traces to.
 TRACE_ENV = "GRADWIRE_STEP_TRACE"
@@ -53,6 +54,14 @@ class StepTrace:
         """The trace ``GRADWIRE_STEP_TRACE`` asks for, if any (the pid keeps two runs in one folder apart)."""
         folder = os.environ.get(TRACE_ENV)
         return cls(Path(folder) / f"rank{rank}-{os.getpid()}.jsonl" if folder else None, job)
+
+    @classmethod
+    def for_job(cls, rank: int, cfg: TrainConfig, compressor: str) -> "StepTrace":
+        """:meth:`from_env` with the header every loop writes: the job's ``name``, compression
+        ``mode``, the ``compressor`` it starts with (a label) and ``seed`` (what
+        ``benchmarks.step_trace`` pairs the ranks' traces by)."""
+        return cls.from_env(rank, {"name": cfg.name, "mode": cfg.compression.mode, "compressor": compressor,
+                                   "seed": cfg.seed})
 
     @property
     def enabled(self) -> bool:
