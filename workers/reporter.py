@@ -269,11 +269,11 @@ class Reporter:
         # Measured again only while a choice without a codec in the hook runs (none, a cast):
         # backward's wall time holds the hook's work, and a lossy codec's would then be
         # counted twice, in the profile's backward and in the cost model's codec time.
-        floor = timer.compute_floor()
-        if len(timer.recent) >= 3 and (self.model_profile is None or (
-                not registry.is_lossy(spec.name) and profile_stale(self.model_profile, floor, len(timer.recent)))):
-            profile = self.model_profile = self._profile(model, floor)
-            self._cost_profile = None
+        if len(timer.recent) >= 3 and (self.model_profile is None or not registry.is_lossy(spec.name)):
+            floor = timer.compute_floor()
+            if self.model_profile is None or profile_stale(self.model_profile, floor, len(timer.recent)):
+                profile = self.model_profile = self._profile(model, floor)
+                self._cost_profile = None
         grad_norm = torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters() if p.grad is not None])
         )
