@@ -71,12 +71,12 @@ class FactorStore:
         }
 
 
-def _gram(matrix: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """``matrix`` in float64 and its Gram matrix on the smaller side (``A Aᵀ`` when it has
-    no more rows than columns, else ``Aᵀ A``), and whether that side is the rows."""
+def _gram(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``matrix`` in float64, its Gram matrix on the smaller side (``A Aᵀ`` when it has no
+    more rows than columns, else ``Aᵀ A``), and whether that side is the rows."""
     wide = matrix.shape[0] <= matrix.shape[1]
     a = matrix.to(torch.float64)
-    return (a @ a.T if wide else a.T @ a), wide
+    return a, (a @ a.T if wide else a.T @ a), wide
 
 
 def squared_singular_values(matrix: torch.Tensor) -> torch.Tensor:
@@ -90,7 +90,7 @@ def squared_singular_values(matrix: torch.Tensor) -> torch.Tensor:
     values agree with ``svdvals``' to 1e-16 of the matrix's energy (squaring the condition
     number costs nothing the estimates resolve: they are sums of these values).
     """
-    gram, _ = _gram(matrix)
+    _, gram, _ = _gram(matrix)
     return torch.linalg.eigvalsh(gram).flip(0).clamp_(min=0.0)
 
 
@@ -102,12 +102,11 @@ def singular_triplets(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
     (``max(n, m)·eps·σ₁``): a direction the matrix does not hold has no singular vector worth
     the name (``ACPSGD.lost_energy`` counts none there), and dividing by such a σ could
     overflow."""
-    gram, wide = _gram(matrix)
+    a, gram, wide = _gram(matrix)
     values, vectors = torch.linalg.eigh(gram)
     # Largest first; contiguous, since a product with the flipped view runs 3x slower.
     values, vectors = values.flip(0).clamp_(min=0.0), vectors.flip(1).contiguous()
     sigma = values.sqrt()
-    a = matrix.to(torch.float64)
     resolved = sigma > sigma[:1] * max(matrix.shape) * torch.finfo(torch.float64).eps
     inverse = torch.where(resolved, 1.0 / torch.where(resolved, sigma, torch.ones_like(sigma)), torch.zeros_like(sigma))
     other = ((vectors.T @ a).T if wide else a @ vectors) * inverse
