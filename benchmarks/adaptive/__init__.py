@@ -19,7 +19,7 @@ between evaluations around a trend of 0.04, so the first evaluation below the ta
 value at 90 % of the steps) was decided by which run dipped first; decayed, it falls to the
 end and evaluations near the target differ by ~0.01.
 
-Every choice runs once on each of ``--seeds`` (0, 1, 2 by default; ``--repeats`` times each),
+Every choice runs once on each of ``--seeds`` (0-4 by default; ``--repeats`` times each),
 each run is judged against its own seed's target (``targets_by_seed``; ``target`` is the first
 seed's), and the run at the median time to target stands for the choice (``repeats`` lists each
 run's figures, ``final_vs_none`` is the median of each run's final against ``none``'s of its

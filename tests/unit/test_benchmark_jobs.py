@@ -22,9 +22,12 @@ def test_the_adaptive_defaults_build_a_job_with_the_scaled_policy_settings() -> 
     # The policy's DEFAULT bounds (issue 14: no per-model tuning), only the dwell scaled.
     assert (cfg.compression.min_dwell_s, cfg.compression.min_rank, cfg.compression.max_rank) == (2.0, 1, 64)
     assert cfg.compression.allowed is None or len(cfg.compression.allowed) == 7
-    # Every run decays its rate to 0 (the target then lies on a falling curve), once on each of three seeds.
-    assert cfg.optimizer.lr_schedule == "cosine" and (args.seeds, args.repeats) == ([0, 1, 2], 1)
+    # Every run decays its rate to 0 (the target then lies on a falling curve), once on each of five seeds.
+    assert cfg.optimizer.lr_schedule == "cosine" and (args.seeds, args.repeats) == ([0, 1, 2, 3, 4], 1)
     assert cfg.seed == 0 and adaptive.train_config(adaptive.parse_args(["--seeds", "4", "5"]), {}, steps=10).seed == 4
+    # --quick keeps three seeds (its 15 minutes), unless told otherwise.
+    assert adaptive.parse_args(["--quick"]).seeds == [0, 1, 2]
+    assert adaptive.parse_args(["--quick", "--seeds", "7"]).seeds == [7]
 
 
 def test_a_seed_twice_is_refused_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
