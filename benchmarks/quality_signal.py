@@ -14,6 +14,11 @@ from the full tensors (not the meter's sample):
   step along ``u`` at its best length makes (curvature ``L·I``), which also charges ``u`` for
   what it adds off ``g``; for a projection ``C`` it is ``1 − ε²``, the contraction the policy
   gives a candidate by its estimate;
+* ``cos(m_u, m_g)``: the same cosine between the optimizer's momentum buffers, ``m_u ← β m_u + u``
+  (what SGD with momentum β applies) and ``m_g ← β m_g + g`` (what it would apply from the raw
+  gradients of the same trajectory). Why: error feedback delays what a step leaves out rather
+  than dropping it, and momentum averages ``1/(1 − β)`` steps, so a step's own cosine may price
+  a compressor's loss above what the optimizer's applied direction loses;
 
 and the held-out loss of the final model. For the low-rank choices also each step's error
 estimate as the adaptive policy computes it (``compressors.quality.estimate_errors`` on the raw
@@ -38,6 +43,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.outputs import write_json_and_table
+
+#: The benchmark's momentum (``benchmarks.adaptive``'s job: SGD, momentum 0.9).
+MOMENTUM = 0.9
 
 DEFAULT_CHOICES = ("none", "fp16", "powersgd-r2", "powersgd-r4", "powersgd-r8", "powersgd-r16",
                    "acpsgd-r4", "acpsgd-r8", "acpsgd-r16", "acpsgd-r32")
@@ -65,7 +73,7 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
         ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
         name, params = parse_label(label)
         sync = GradientSync(build(name, **params)).install(ddp)
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM)
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
         train = build_dataset("synthetic", model=args.model, split="train", seed=args.seed)
         test = build_dataset("synthetic", model=args.model, split="test", seed=args.seed)
@@ -85,6 +93,9 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
         figures: list[tuple[float, float, float, float]] = []
         estimates: list[tuple[float, float]] = []  # (as the policy estimates it, the best case)
         raw_before: list[torch.Tensor] | None = None
+        momentum_u: torch.Tensor | None = None  # β-averaged applied updates and raw gradients
+        momentum_g: torch.Tensor | None = None
+        horizon_cosines: list[float] = []
         epoch, batches = 0, iter(make_loader(train, batch_size=args.batch_size, rank=0, world_size=1, seed=args.seed))
         for _ in range(args.steps):
             batch = next(batches, None)
@@ -114,6 +125,9 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             cos_sq = (update_efficiency(grad + e_old, e_new, grad) or 0.0) ** 2  # x = g + e_old, lost = e_new
             figures.append((float(e_new.norm() / (grad + e_old).norm()), along / g_sq,
                             float(e_new.norm()) / g_sq ** 0.5, cos_sq))
+            momentum_u = update.clone() if momentum_u is None else MOMENTUM * momentum_u + update
+            momentum_g = grad.clone() if momentum_g is None else MOMENTUM * momentum_g + grad
+            horizon_cosines.append(update_efficiency(momentum_u, torch.zeros_like(momentum_u), momentum_g) or 0.0)
             optimizer.step()
             schedule.step()
         model.eval()
@@ -128,6 +142,7 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             "efficiency_median": round(statistics.median(f[1] for f in tail), 4),
             "residual_over_gradient_median": round(statistics.median(f[2] for f in tail), 4),
             "cos_squared_median": round(statistics.median(f[3] for f in tail), 4),
+            "momentum_cos_median": round(statistics.median(horizon_cosines[args.skip_steps:]), 4),
             "estimate_median": _median_at(estimates, 0, args.skip_steps - 1),
             "best_case_estimate_median": _median_at(estimates, 1, args.skip_steps - 1),
             "wall_s": round(time.monotonic() - started, 1)}
@@ -148,17 +163,23 @@ def _median_at(rows: list[tuple[float, float]], column: int, skip: int) -> float
 
 def markdown(doc: dict[str, Any]) -> str:
     rows = sorted(doc["choices"].items(), key=lambda item: item[1]["held_out_loss"])
-    lines = ["| choice | held-out loss | vs none | ε (median) | ⟨u,g⟩/‖g‖² (median) | cos²(u,g) (median) | 1 − ε² "
-             "| ρ = ‖e‖/‖g‖ | estimate ε | cos / δ(estimate) | best-case ε | cos / δ(best case) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| choice | held-out loss | vs none | ε (median) | ⟨u,g⟩/‖g‖² (median) | cos²(u,g) (median) | cos(u,g) "
+             "| cos(m_u,m_g) | 1 − ε² | ρ = ‖e‖/‖g‖ | estimate ε | cos / δ(estimate) | best-case ε | cos / δ(best case) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = doc["choices"].get("none", {}).get("held_out_loss")
     for label, r in rows:
         versus = f"{r['held_out_loss'] / base - 1:+.1%}" if base else "-"
         lines.append(f"| {label} | {r['held_out_loss']:.4f} | {versus} | {r['error_median']:.3f} | "
-                     f"{r['efficiency_median']:.3f} | {r['cos_squared_median']:.3f} | {1 - r['error_median'] ** 2:.3f} | "
+                     f"{r['efficiency_median']:.3f} | {r['cos_squared_median']:.3f} | {math.sqrt(r['cos_squared_median']):.3f} | "
+                     f"{_cell(r.get('momentum_cos_median'))} | {1 - r['error_median'] ** 2:.3f} | "
                      f"{r['residual_over_gradient_median']:.3f} | {_estimate_cells(r, 'estimate_median')} | "
                      f"{_estimate_cells(r, 'best_case_estimate_median')} |")
     return "\n".join(lines) + "\n"
+
+
+def _cell(value: float | None) -> str:
+    """A figure to three places; a dash where an older result file lacks it."""
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _estimate_cells(row: dict[str, Any], key: str) -> str:

@@ -328,6 +328,8 @@ def test_the_quality_signal_benchmark_measures_each_figure_by_its_definition():
     assert none["residual_over_gradient_median"] == 0.0 and none["cos_squared_median"] == pytest.approx(1.0)
     assert 0 < lossy["error_median"] < 1 and lossy["efficiency_median"] < 1 and lossy["residual_over_gradient_median"] > 0
     assert 0 < lossy["cos_squared_median"] < 1
+    # the momentum buffers' cosine: 1 without compression, below 1 with a rank-1 one
+    assert none["momentum_cos_median"] == pytest.approx(1.0) and 0 < lossy["momentum_cos_median"] < 1
     assert math.isfinite(none["held_out_loss"]) and math.isfinite(lossy["held_out_loss"])
     table = markdown({"choices": {"none": none, "powersgd-r1": lossy}})
     assert "| powersgd-r1 |" in table and "| none |" in table
