@@ -50,6 +50,10 @@ Algorithm of :func:`decide`:
    ``τ_current`` gives the running choice the benefit of the doubt: its averaged efficiency
    plus one standard error of its noisy samples. A choice made on an estimate alone (it had
    not run) is on trial: once two exchanges have measured it, the dwell no longer holds it.
+   A lossy candidate the job has not run is chosen over the best one judged on record (one
+   that ran, or ``none`` and the casts, whose error is known) only when it is predicted to save
+   more than ``gain_threshold`` of that one's time per progress
+   (``planning.hysteresis.explore_on_clear_gain``).
 """
 
 from __future__ import annotations
@@ -305,6 +309,8 @@ def decide(
         mixed = _best(passing, m, links)
         assert mixed is not None  # whether τ is finite depends on the errors, not on the link
         best = mixed
+    best = hysteresis.explore_on_clear_gain(best, _best([c for c in passing if hysteresis.judged_on_record(c, state)],
+                                                        m, links), cfg)
     assert state.link.bandwidth is not None
     context = f"at {describe_rate(state.link.bandwidth)}, {m.world_size} workers"
     if mix is not None:

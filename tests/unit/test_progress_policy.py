@@ -561,3 +561,28 @@ def test_a_family_that_ran_without_a_known_estimate_borrows_no_share():
     assert judged["acpsgd-r16"] == 0.26
     borrowed = calibrated_errors(estimates, (("powersgd-r4", 0.70),))
     assert contraction(borrowed["acpsgd-r16"]) == pytest.approx(0.70 / contraction(0.2) * contraction(0.26))
+
+
+@pytest.mark.parametrize("advantage, chosen", [(0.05, "powersgd-r8"), (0.20, "acpsgd-r8")])
+def test_a_lossy_choice_not_yet_run_must_beat_the_best_on_record_by_the_threshold(advantage, chosen):
+    """Leaving fp16 on a slow link, with PowerSGD r8 run before (its efficiency measured) and
+    ACP-SGD r8 never run: ACP-SGD r8 is taken only when its estimate promises more than the
+    10 % threshold over PowerSGD r8's time per progress; 5 % ahead, the policy takes the one it
+    measured (an estimate errs optimistic: ``planning.hysteresis.explore_on_clear_gain``)."""
+    cfg = PolicyConfig(critical_initial_steps=0, allowed=("fp16", "powersgd", "acpsgd"), min_rank=8, max_rank=8)
+    link = alpha_beta_from_bandwidth(MBIT50, LATENCY / (2 * (WORKERS - 1)))
+    step = {label: predict_step(make_spec(*label.split("-r")[:1], rank=8), PROFILE, WORKERS, link).step_s
+            for label in ("powersgd-r8", "acpsgd-r8")}
+    powersgd_error = 0.6
+    tau_powersgd = step["powersgd-r8"] / contraction(powersgd_error)
+    # ACP-SGD r8's error such that its time per progress is `advantage` below PowerSGD r8's
+    acpsgd_delta = step["acpsgd-r8"] / ((1 - advantage) * tau_powersgd)
+    assert 0 < acpsgd_delta < 1
+    errors = {"fp16": 2.0 ** -11, "powersgd-r8": powersgd_error, "acpsgd-r8": math.sqrt(1 - acpsgd_delta)}
+    # PowerSGD r8 ran: its measured efficiency is its estimate's contraction (a share of 1)
+    state = PolicyState(measured=(("powersgd-r8", contraction(powersgd_error)),))
+    decision, _ = decide(state, measure(MBIT50, make_spec("fp16"), errors), cfg, 0.0)
+    assert isinstance(decision, Switch) and decision.spec.label == chosen
+    # with nothing on record but fp16, the estimate is taken whichever the margin
+    fresh, _ = decide(PolicyState(), measure(MBIT50, make_spec("fp16"), errors), cfg, 0.0)
+    assert isinstance(fresh, Switch) and fresh.spec.label == "acpsgd-r8"
