@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -297,6 +298,12 @@ def test_profile_validates_and_completes_buckets():
         StepProfile.build([(2, 2), (2,)], 0.0, 0.0, buckets=[[1, 0]], bucket_backward_s=[0.1, 0.2])
     prof = StepProfile.build([(2, 2), (2,), (3,)], 0.0, 0.3, buckets=[[2]])
     assert prof.buckets == ((2,), (1, 0))
+    assert prof.backward_segments() == pytest.approx((0.3 * 3 / 9, 0.3 * 6 / 9))
+    # worked out once per profile: a profile replaced with other times works them out afresh
+    slower = dataclasses.replace(prof, backward_s=0.6, forward_s=0.3, compute_jitter_s=0.01)
+    assert slower.backward_segments() == pytest.approx((0.6 * 3 / 9, 0.6 * 6 / 9))
+    assert slower.straggler_waits(2) == pytest.approx(
+        tuple(expected_max_normal(2) * 0.01 * f ** 0.5 for f in (0.5 / 0.9, 1.0)))
     assert prof.backward_segments() == pytest.approx((0.3 * 3 / 9, 0.3 * 6 / 9))
 
 
