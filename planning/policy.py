@@ -309,8 +309,9 @@ def decide(
         mixed = _best(passing, m, links)
         assert mixed is not None  # whether τ is finite depends on the errors, not on the link
         best = mixed
-    best = hysteresis.explore_on_clear_gain(best, _best([c for c in passing if hysteresis.judged_on_record(c, state)],
-                                                        m, links), cfg)
+    if not hysteresis.judged_on_record(best.spec, state):  # an estimate alone: must clearly beat the record
+        on_record = _best([c for c in passing if hysteresis.judged_on_record(c, state)], m, links)
+        best = hysteresis.explore_on_clear_gain(best, on_record, cfg)
     assert state.link.bandwidth is not None
     context = f"at {describe_rate(state.link.bandwidth)}, {m.world_size} workers"
     if mix is not None:
