@@ -6,8 +6,9 @@ state: the threshold a gain must pass (:func:`threshold`, with the small one bet
 whose error is known and the undo of a refuted move), the side of the link the policy is on
 (:func:`side`, what an oscillating link's levels record), the doubt in the running choice's
 favour, the dwell (:func:`switch_took_effect`, :func:`trial_measured`, :func:`link_dropped_since_switch`,
-:func:`without_dwell`)
-and the state a switch leaves (:func:`switch`).
+:func:`without_dwell`), the margin an estimate needs over what the job has on record
+(:func:`explore_on_clear_gain`, :func:`judged_on_record`) and the state a switch leaves
+(:func:`switch`).
 """
 
 from __future__ import annotations
