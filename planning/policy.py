@@ -180,6 +180,27 @@ def _best(options: Iterable[CompressorSpec], m: Measurements, links: Links) -> S
     return min(judged, key=lambda s: s.tau) if judged else None
 
 
+def _best_move(options: list[CompressorSpec], m: Measurements, links: Links, state: PolicyState,
+               cfg: PolicyConfig) -> Scored | None:
+    """The option the policy would move to on ``links``: the :func:`_best`, unless it is an
+    estimate alone that does not clearly beat the best option on record
+    (``planning.hysteresis.explore_on_clear_gain``), then that one.
+
+    Why the level history records this one's side too, not the plain best's: the side is
+    meant to change only with a move the policy would make (``planning.hysteresis.side``). On
+    the benchmark's oscillating link (session 33's kept runs, seed 4) ``none``'s measured step
+    rose with the first slow steps before the link's reading fell, an unexplored ACP-SGD rank
+    became the plain best at the fast reading, and the level in progress turned lossy while the
+    policy kept to the casts; when the reading fell a moment later no new level began, the
+    "link dropped" release of the dwell did not fire, and ``none`` ran 7 more slow steps
+    (0.8 s, each 4x PowerSGD r4's) until the dwell ran out."""
+    best = _best(options, m, links)
+    if best is None or hysteresis.judged_on_record(best.spec, state):
+        return best
+    on_record = _best([c for c in options if hysteresis.judged_on_record(c, state)], m, links)
+    return hysteresis.explore_on_clear_gain(best, on_record, cfg)
+
+
 def _link_now(state: PolicyState, m: Measurements) -> Links:
     """The averaged link as it stands, share 1."""
     bandwidth, latency = state.link.bandwidth, state.link.latency
@@ -224,7 +245,7 @@ def _record_level(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: f
 def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float,
                      best_now: Scored) -> tuple[PolicyState, Links, LevelMix | None, Scored]:
     """Record which side the policy would be on for the link as it stands (lossy or not,
-    ``planning.hysteresis.side``; ``best_now``: the best option there), and the links to judge on: the link
+    ``planning.hysteresis.side``; ``best_now``: the option it would move to there, :func:`_best_move`), and the links to judge on: the link
     as it stands, or the mix of its stretches when the link oscillates
     (``planning.link_levels``); with the current choice scored on them (with the doubt in
     its favour)."""
@@ -298,7 +319,7 @@ def decide(
     m = dataclasses.replace(m, step_corrections=state.corrections)
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)
     passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
-    best = _best(passing, m, _link_now(state, m)) if passing else None
+    best = _best_move(passing, m, _link_now(state, m), state, cfg) if passing else None
     if best is None:
         state = _record_level(state, m, cfg, now, None)
         current = _score(m.current, m, _link_now(state, m))
@@ -306,12 +327,9 @@ def decide(
         return Keep(why, current.step_s), state
     state, links, mix, current = _judge_on_levels(state, m, cfg, now, best)
     if mix is not None:
-        mixed = _best(passing, m, links)
+        mixed = _best_move(passing, m, links, state, cfg)
         assert mixed is not None  # whether τ is finite depends on the errors, not on the link
         best = mixed
-    if not hysteresis.judged_on_record(best.spec, state):  # an estimate alone: must clearly beat the record
-        on_record = _best([c for c in passing if hysteresis.judged_on_record(c, state)], m, links)
-        best = hysteresis.explore_on_clear_gain(best, on_record, cfg)
     assert state.link.bandwidth is not None
     context = f"at {describe_rate(state.link.bandwidth)}, {m.world_size} workers"
     if mix is not None:

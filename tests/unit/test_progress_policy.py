@@ -586,3 +586,40 @@ def test_a_lossy_choice_not_yet_run_must_beat_the_best_on_record_by_the_threshol
     # with nothing on record but fp16, the estimate is taken whichever the margin
     fresh, _ = decide(PolicyState(), measure(MBIT50, make_spec("fp16"), errors), cfg, 0.0)
     assert isinstance(fresh, Switch) and fresh.spec.label == "acpsgd-r8"
+
+
+def test_the_level_history_records_the_side_of_the_move_the_policy_would_make():
+    """An estimate alone that is far ahead of the running ``none`` but not clearly ahead of
+    fp16 (on record: its error is known) makes the policy move to fp16, and the link's level
+    records that side, not the estimate's. Then a drop of the link is a new level where the
+    policy would compress, and it ends the dwell of the move to fp16 at once.
+
+    Recorded on the estimate's side (session 33's oscillating run, seed 4), the level in
+    progress had already turned lossy, the drop began no new level, and ``none`` ran on at the
+    slow rate until the dwell ran out (``planning.policy._best_move``)."""
+    cfg = PolicyConfig(critical_initial_steps=0, allowed=("none", "fp16", "acpsgd"), min_rank=8, max_rank=8,
+                       min_dwell_s=30.0)
+    middle = 1.25e8  # 1 Gbit/s: fp16 steps clearly faster than none here
+    link = alpha_beta_from_bandwidth(middle, LATENCY / (2 * (WORKERS - 1)))
+    specs = {"none": make_spec("none"), "fp16": make_spec("fp16"), "acpsgd-r8": make_spec("acpsgd", rank=8)}
+    step = {label: predict_step(spec, PROFILE, WORKERS, link).step_s for label, spec in specs.items()}
+    fp16_error = 2.0 ** -11
+    tau_fp16 = step["fp16"] / contraction(fp16_error)
+    acpsgd_delta = step["acpsgd-r8"] / (0.95 * tau_fp16)  # 5 % ahead of fp16: below the 10 % to explore
+    assert 0 < acpsgd_delta < 1 and step["none"] / (step["acpsgd-r8"] / acpsgd_delta) > 1.12  # > 10 % ahead of none
+    errors = {"fp16": fp16_error, "acpsgd-r8": math.sqrt(1 - acpsgd_delta)}
+
+    def report(bandwidth: float, current: str, running: str) -> Measurements:
+        return dataclasses.replace(measure(bandwidth, make_spec(current), errors), running=running)
+
+    moved, state = decide(PolicyState(), report(middle, "none", "none"), cfg, 0.0)
+    assert isinstance(moved, Switch) and moved.spec.label == "fp16"
+    assert not state.levels[-1].lossy
+    _, state = decide(state, report(middle, "fp16", "fp16"), cfg, 0.5)  # the dwell counts from here
+    verdict = None
+    for now in (1.0, 1.1, 1.2):  # the link falls to 50 Mbit/s, well within the 30 s dwell
+        verdict, state = decide(state, report(MBIT50, "fp16", "fp16"), cfg, now)
+        if isinstance(verdict, Switch):
+            break
+    assert isinstance(verdict, Switch) and verdict.spec.label == "acpsgd-r8", verdict
+    assert "the link dropped" in verdict.reason
