@@ -20,6 +20,18 @@ from the full tensors (not the meter's sample):
   than dropping it, and momentum averages ``1/(1 − β)`` steps, so a step's own cosine may price
   a compressor's loss above what the optimizer's applied direction loses;
 
+* with ``--noise-scale``, the gradient noise ratio ``b = B_noise / B`` along the choice's
+  trajectory (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", appendix A:
+  the raw gradients of each batch's two halves against the whole batch's, numerator and
+  denominator averaged over steps with weight 0.1), and ``(1 + b) / (1/cos + b)``: the share of
+  an uncompressed step's progress a step of cosine ``cos`` makes when the compressor's loss
+  counts only against the part of the step count that noise does not set (the analyses of
+  error-feedback SGD: the compression enters the terms a noise-free run pays, ``S_min``, and
+  not the noise term ``S_min · B_noise / B``). Why: the policy prices a choice by ``1/cos``
+  (``planning.progress``) and PowerSGD r4 at ~1.3x the steps, while it crosses the
+  adaptive benchmark's target at ``none``'s evaluation; is noise what the price leaves out?
+  Two extra backward passes a step (the halves), outside the hook, so the trajectory is the same.
+
 and the held-out loss of the final model. For the low-rank choices also each step's error
 estimate as the adaptive policy computes it (``compressors.quality.estimate_errors`` on the raw
 gradient, with the step before's for ACP-SGD's stale factor) and the best rank-r error beside it,
@@ -96,6 +108,7 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
         momentum_u: torch.Tensor | None = None  # β-averaged applied updates and raw gradients
         momentum_g: torch.Tensor | None = None
         horizon_cosines: list[float] = []
+        noise = _NoiseRatio() if args.noise_scale else None
         epoch, batches = 0, iter(make_loader(train, batch_size=args.batch_size, rank=0, world_size=1, seed=args.seed))
         for _ in range(args.steps):
             batch = next(batches, None)
@@ -105,6 +118,8 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
                                            epoch=epoch))
                 batch = next(batches)
             inputs, targets = batch
+            if noise is not None:
+                noise.observe(*_half_batch_gradients(model, inputs, targets))
             kept_old = kept_residuals()
             optimizer.zero_grad()
             F.cross_entropy(ddp(inputs), targets).backward()
@@ -145,7 +160,61 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
             "momentum_cos_median": round(statistics.median(horizon_cosines[args.skip_steps:]), 4),
             "estimate_median": _median_at(estimates, 0, args.skip_steps - 1),
             "best_case_estimate_median": _median_at(estimates, 1, args.skip_steps - 1),
+            **({} if noise is None else noise.summary(args.skip_steps)),
             "wall_s": round(time.monotonic() - started, 1)}
+
+
+def _half_batch_gradients(model: Any, inputs: Any, targets: Any) -> tuple[Any, Any]:
+    """The raw gradients (flat, float64) of the batch's two halves, by ``torch.autograd.grad``
+    on the module itself: no hook runs, no ``.grad`` is touched, and the module's buffers
+    (batch-norm statistics) are put back, so the training step that follows is the same."""
+    import torch
+    import torch.nn.functional as F
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    buffers = [b.clone() for b in model.buffers()]
+    half = inputs.shape[0] // 2
+    grads = []
+    for part in (slice(0, half), slice(half, 2 * half)):
+        loss = F.cross_entropy(model(inputs[part]), targets[part])
+        grads.append(torch.cat([g.reshape(-1).double() for g in torch.autograd.grad(loss, params)]))
+    with torch.no_grad():
+        for buffer, kept in zip(model.buffers(), buffers):
+            buffer.copy_(kept)
+    return grads[0], grads[1]
+
+
+class _NoiseRatio:
+    """``b = B_noise / B`` from two batch sizes, B/2 (each half) and B (the whole batch):
+    ``|G|² ≈ 2‖g_B‖² − ‖g_{B/2}‖²`` and ``tr(Σ)/B ≈ ‖g_{B/2}‖² − ‖g_B‖²`` (unbiased), each
+    averaged over steps (weight 0.1) before the ratio, as McCandlish et al. do."""
+
+    WEIGHT = 0.1
+
+    def __init__(self) -> None:
+        self.signal: float | None = None
+        self.noise: float | None = None
+        self.ratios: list[float | None] = []
+
+    def observe(self, first: Any, second: Any) -> None:
+        small = (float(first @ first) + float(second @ second)) / 2
+        whole = (first + second) / 2
+        big = float(whole @ whole)
+        signal, noise = 2 * big - small, small - big
+        self.signal = signal if self.signal is None else self.signal + self.WEIGHT * (signal - self.signal)
+        self.noise = noise if self.noise is None else self.noise + self.WEIGHT * (noise - self.noise)
+        # None where the averaged signal is not above 0: noise swamps the estimate of |G|²
+        self.ratios.append(self.noise / self.signal if self.signal > 0 else None)
+
+    def summary(self, skip: int) -> dict[str, Any]:
+        """The median ratio over the steps after ``skip``, and over each 50 steps (None where
+        no step there had an estimate)."""
+        def median(ratios: list[float | None]) -> float | None:
+            known = [r for r in ratios if r is not None]
+            return round(statistics.median(known), 3) if known else None
+
+        windows = {f"{lo}-{lo + 50}": median(self.ratios[lo:lo + 50]) for lo in range(0, len(self.ratios), 50)}
+        return {"noise_ratio_median": median(self.ratios[skip:]), "noise_ratio_by_steps": windows}
 
 
 def _as_shape(residual: Any, grad: Any) -> Any:
@@ -164,8 +233,9 @@ def _median_at(rows: list[tuple[float, float]], column: int, skip: int) -> float
 def markdown(doc: dict[str, Any]) -> str:
     rows = sorted(doc["choices"].items(), key=lambda item: item[1]["held_out_loss"])
     lines = ["| choice | held-out loss | vs none | ε (median) | ⟨u,g⟩/‖g‖² (median) | cos²(u,g) (median) | cos(u,g) "
-             "| cos(m_u,m_g) | 1 − ε² | ρ = ‖e‖/‖g‖ | estimate ε | cos / δ(estimate) | best-case ε | cos / δ(best case) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| cos(m_u,m_g) | 1 − ε² | ρ = ‖e‖/‖g‖ | estimate ε | cos / δ(estimate) | best-case ε | cos / δ(best case) "
+             "| b = B_noise/B | (1 + b)/(1/cos + b) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = doc["choices"].get("none", {}).get("held_out_loss")
     for label, r in rows:
         versus = f"{r['held_out_loss'] / base - 1:+.1%}" if base else "-"
@@ -173,13 +243,23 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{r['efficiency_median']:.3f} | {r['cos_squared_median']:.3f} | {math.sqrt(r['cos_squared_median']):.3f} | "
                      f"{_cell(r.get('momentum_cos_median'))} | {1 - r['error_median'] ** 2:.3f} | "
                      f"{r['residual_over_gradient_median']:.3f} | {_estimate_cells(r, 'estimate_median')} | "
-                     f"{_estimate_cells(r, 'best_case_estimate_median')} |")
+                     f"{_estimate_cells(r, 'best_case_estimate_median')} | {_noise_cells(r)} |")
     return "\n".join(lines) + "\n"
 
 
 def _cell(value: float | None) -> str:
     """A figure to three places; a dash where an older result file lacks it."""
     return "-" if value is None else f"{value:.3f}"
+
+
+def _noise_cells(row: dict[str, Any]) -> str:
+    """The noise ratio's median and the share of a step's progress the noise term gives at the
+    choice's median cosine; dashes where it was not measured (no ``--noise-scale``)."""
+    b = row.get("noise_ratio_median")
+    cos = math.sqrt(row["cos_squared_median"])
+    if b is None or not cos > 0:
+        return "- | -"
+    return f"{b:.2f} | {(1 + b) / (1 / cos + b):.3f}"
 
 
 def _estimate_cells(row: dict[str, Any], key: str) -> str:
@@ -204,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--held-out", type=int, default=512, help="held-out samples")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--noise-scale", action="store_true",
+                        help="also measure the gradient noise ratio B_noise/B (two extra backward passes a step)")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
     if not 0 <= args.skip_steps < args.steps:

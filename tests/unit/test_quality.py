@@ -322,8 +322,12 @@ def test_the_quality_signal_benchmark_measures_each_figure_by_its_definition():
     from benchmarks.quality_signal import markdown, run_choice
 
     args = argparse.Namespace(model="mlp", steps=6, skip_steps=2, batch_size=16, bucket_cap_mb=0.25, lr=0.02,
-                              held_out=64, seed=0)
+                              held_out=64, seed=0, noise_scale=False)
     none, lossy = run_choice("none", args), run_choice("powersgd-r1", args)
+    # the noise ratio's extra backward passes leave the trajectory as it was
+    noisy = run_choice("none", argparse.Namespace(**{**vars(args), "noise_scale": True}))
+    assert noisy["held_out_loss"] == none["held_out_loss"] and "noise_ratio_median" not in none
+    assert set(noisy["noise_ratio_by_steps"]) == {"0-50"}
     assert none["error_median"] == 0.0 and none["efficiency_median"] == 1.0
     assert none["residual_over_gradient_median"] == 0.0 and none["cos_squared_median"] == pytest.approx(1.0)
     assert 0 < lossy["error_median"] < 1 and lossy["efficiency_median"] < 1 and lossy["residual_over_gradient_median"] > 0
@@ -331,8 +335,28 @@ def test_the_quality_signal_benchmark_measures_each_figure_by_its_definition():
     # the momentum buffers' cosine: 1 without compression, below 1 with a rank-1 one
     assert none["momentum_cos_median"] == pytest.approx(1.0) and 0 < lossy["momentum_cos_median"] < 1
     assert math.isfinite(none["held_out_loss"]) and math.isfinite(lossy["held_out_loss"])
-    table = markdown({"choices": {"none": none, "powersgd-r1": lossy}})
+    table = markdown({"choices": {"none": {**noisy, "noise_ratio_median": 0.5}, "powersgd-r1": lossy}})
     assert "| powersgd-r1 |" in table and "| none |" in table
+    assert "| 0.50 | 1.000 |" in table  # cos 1: the whole step whatever the noise
+
+
+def test_the_noise_ratio_is_the_half_batches_noise_over_the_signal():
+    """``benchmarks.quality_signal._NoiseRatio`` on synthetic half-batch gradients ``G + n``,
+    the noise of each half N(0, σ²) per coordinate: ``tr(Σ)/B`` is half a half's noise
+    (``d·σ²/2``), so ``b = d·σ² / (2|G|²)``, here 0.5."""
+    from benchmarks.quality_signal import _NoiseRatio
+
+    generator = torch.Generator().manual_seed(0)
+    d, sigma = 10_000, 0.1
+    signal = torch.full((d,), 0.1, dtype=torch.float64)  # |G|² = 100, d·σ² = 100
+    ratio = _NoiseRatio()
+    for _ in range(400):
+        ratio.observe(*(signal + sigma * torch.randn(d, generator=generator, dtype=torch.float64) for _ in range(2)))
+    assert ratio.summary(100)["noise_ratio_median"] == pytest.approx(0.5, rel=0.05)
+    # noise alone: no estimate of the signal, no ratio
+    silent = _NoiseRatio()
+    silent.observe(torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64))
+    assert silent.summary(0)["noise_ratio_median"] is None
 
 
 def _exact_step(compressor, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
