@@ -353,7 +353,7 @@ def test_the_noise_ratio_is_the_half_batches_noise_over_the_signal():
     for _ in range(400):
         ratio.observe(*(signal + sigma * torch.randn(d, generator=generator, dtype=torch.float64) for _ in range(2)))
     assert ratio.summary(100)["noise_ratio_median"] == pytest.approx(0.5, rel=0.05)
-    # noise alone: no estimate of the signal, no ratio
+    # no gradient at all: no estimate of the signal, no ratio
     silent = _NoiseRatio()
     silent.observe(torch.zeros(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64))
     assert silent.summary(0)["noise_ratio_median"] is None
