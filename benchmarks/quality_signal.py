@@ -167,7 +167,8 @@ def run_choice(label: str, args: argparse.Namespace) -> dict[str, Any]:
 def _half_batch_gradients(model: Any, inputs: Any, targets: Any) -> tuple[Any, Any]:
     """The raw gradients (flat, float64) of the batch's two halves, by ``torch.autograd.grad``
     on the module itself: no hook runs, no ``.grad`` is touched, and the module's buffers
-    (batch-norm statistics) are put back, so the training step that follows is the same."""
+    (batch-norm statistics) are put back, so the training step that follows is the same (for a
+    model without dropout, as the benchmark's CNN: dropout would draw on the random generator here)."""
     import torch
     import torch.nn.functional as F
 
