@@ -172,17 +172,16 @@ def _score(spec: CompressorSpec, m: Measurements, links: Links) -> Scored:
     return Scored(spec, spec.label, step_s, error, tau)
 
 
-def _best(options: Iterable[CompressorSpec], m: Measurements, links: Links) -> Scored | None:
-    """The option with the least time per progress; ``min`` keeps the first (least lossy) of
-    equal ones. None when no option can be judged (every one lossy and unmeasured)."""
-    scored = [_score(spec, m, links) for spec in options]
+def _least_tau(scored: Iterable[Scored]) -> Scored | None:
+    """The scored option with the least time per progress; ``min`` keeps the first (least
+    lossy) of equal ones. None when no option can be judged (every one lossy and unmeasured)."""
     judged = [s for s in scored if math.isfinite(s.tau)]
     return min(judged, key=lambda s: s.tau) if judged else None
 
 
 def _best_move(options: list[CompressorSpec], m: Measurements, links: Links, state: PolicyState,
                cfg: PolicyConfig) -> Scored | None:
-    """The option the policy would move to on ``links``: the :func:`_best`, unless it is an
+    """The option the policy would move to on ``links``: the least time per progress, unless it is an
     estimate alone that does not clearly beat the best option on record
     (``planning.hysteresis.explore_on_clear_gain``), then that one.
 
@@ -193,11 +192,14 @@ def _best_move(options: list[CompressorSpec], m: Measurements, links: Links, sta
     became the plain best at the fast reading, and the level in progress turned lossy while the
     policy kept to the casts; when the reading fell a moment later no new level began, the
     "link dropped" release of the dwell did not fire, and ``none`` ran 7 more slow steps
-    (0.8 s, each 4x PowerSGD r4's) until the dwell ran out."""
-    best = _best(options, m, links)
+    (0.8 s, each 4x PowerSGD r4's) until the dwell ran out.
+
+    Every option is scored once: the best on record is picked among the same scores."""
+    scored = [_score(spec, m, links) for spec in options]
+    best = _least_tau(scored)
     if best is None or hysteresis.judged_on_record(best.spec, state):
         return best
-    on_record = _best([c for c in options if hysteresis.judged_on_record(c, state)], m, links)
+    on_record = _least_tau(s for s in scored if hysteresis.judged_on_record(s.spec, state))
     return hysteresis.explore_on_clear_gain(best, on_record, cfg)
 
 
