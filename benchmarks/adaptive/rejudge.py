@@ -1,0 +1,203 @@
+"""Judge kept runs of the adaptive benchmark again on larger held-out sets.
+
+Why: the verdict's resolution. Near the target every run's held-out curve scatters (0.01-0.05
+between evaluations, about a trend that falls ~0.005 over the last 30 steps), so which
+evaluation first lies at or below ``none``'s value at 90 % of the steps is decided by the
+scatter as much as by the compressor. Part of that scatter is the held-out sample (the
+benchmark evaluates 512); the rest is the trajectory itself (the weights differ from run to
+run). This re-evaluates every kept checkpoint on the first N samples of the same split for
+several N (the synthetic split is drawn sample by sample, so 512 of 4096 are the benchmark's
+512), with each run's wall times from its kept telemetry, and judges each N by the benchmark's
+own rules (``benchmarks.adaptive.results``): which share of the scatter a larger set removes,
+and how the per-seed hits and the ratios move with it.
+
+    python -m benchmarks.adaptive --keep DIR --json-out RESULT.json ...   # the runs, kept
+    python -m benchmarks.adaptive.rejudge RESULT.json DIR --samples 512 1024 2048 4096 --json-out OUT.json
+
+Per N and scenario: the best fixed choice, each label's ratio to it, each label's hit step per
+seed, each label's final against ``none``'s, and the scatter of each seed's ``none`` curve about a
+quadratic trend over steps 150-300 (``none_scatter``). At the benchmark's own N the judgement
+must reproduce the result file's (``reproduces``: every run's time to target as stored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from benchmarks.adaptive.jobs import HeldOut, JobRun
+from benchmarks.adaptive.results import combine_repeats, judge_by_seed, scenario_verdict
+from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
+from benchmarks.outputs import write_whole
+from planning.config import TrainConfig
+
+#: The steps over which a ``none`` curve's scatter is measured (the target lies within them).
+SCATTER_FROM_STEP = 150
+
+
+def run_dir(keep: Path, scenario: str, seed: Any, repeat_index: int, label: str, total_s: float) -> Path:
+    """The kept directory of one run: ``DIR/<scenario>/seed<S>-repeat<R>/<label>-<attempt>``; of
+    a run repeated for foreign load, the attempt whose reports span the stored total time."""
+    attempts = sorted((keep / scenario / f"seed{seed}-repeat{repeat_index}").glob(f"{label}-[0-9]*"))
+    if not attempts:
+        raise FileNotFoundError(f"no kept run of {label} in {keep / scenario / f'seed{seed}-repeat{repeat_index}'}")
+    return min(attempts, key=lambda path: abs(_span_s(_job_run(path, label)) - total_s))
+
+
+def _span_s(run: JobRun) -> float:
+    """Wall seconds from the end of step 1 to the last report (a run's ``total_s``)."""
+    return run.wall_at(run.reports[-1]["step"]) - run.wall_at(1)
+
+
+def _job_run(path: Path, label: str) -> JobRun:
+    reports = [json.loads(line) for line in (path / "telemetry.jsonl").read_text().splitlines() if line.strip()]
+    if not reports:
+        raise ValueError(f"{path}: no reports in telemetry.jsonl")
+    return JobRun(label=label, reports=reports, summary={})
+
+
+def evaluate(path: Path, label: str, sizes: Sequence[int], held_out: HeldOut) -> dict[int, list[list[float]]]:
+    """``{N: [[step, wall_s, held-out loss on the first N samples], ...]}`` of one kept run;
+    wall_s from the end of step 1, as the benchmark measures it."""
+    from workers.checkpoint import read_meta
+
+    run = _job_run(path, label)
+    origin = run.wall_at(1)
+    curves: dict[int, list[list[float]]] = {n: [] for n in sizes}
+    checkpoints = sorted((int(read_meta(d)["step"]), d) for d in (path / "checkpoints").glob("checkpoint_*") if d.is_dir())
+    for step, directory in checkpoints:
+        losses = held_out.losses(directory)
+        wall = round(run.wall_at(step) - origin, 3)
+        for n in sizes:
+            curves[n].append([step, wall, round(float(losses[:n].mean()), 5)])
+    return curves
+
+
+def none_scatter(curve: Sequence[Sequence[float]]) -> float | None:
+    """The standard deviation of a curve's losses about a quadratic trend in the step, over
+    steps from :data:`SCATTER_FROM_STEP` (None with fewer than five points there)."""
+    import numpy as np
+
+    points = [(step, loss) for step, _, loss in curve if step >= SCATTER_FROM_STEP]
+    if len(points) < 5:
+        return None
+    steps, losses = np.array(points).T
+    residual = losses - np.polyval(np.polyfit(steps, losses, 2), steps)
+    return round(float(residual.std(ddof=3)), 4)
+
+
+def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Sequence[int]) -> dict[str, Any]:
+    """Every kept run of ``scenario`` evaluated at each of ``sizes`` and judged per size."""
+    phases = parse_schedule(scenario["schedule_text"])
+    repeats_of = {label: entry.get("repeats") or [entry] for label, entry in scenario["runs"].items()}
+    held_outs: dict[Any, HeldOut] = {}
+    runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[float]]]]]] = {}
+    for label, repeats in repeats_of.items():
+        runs[label] = []
+        seen: dict[Any, int] = {}
+        for stored in repeats:
+            seed = stored.get("seed")
+            index = seen[seed] = seen.get(seed, -1) + 1
+            path = run_dir(keep, name, seed, index, label, stored["total_s"])
+            if seed not in held_outs:
+                cfg = TrainConfig.model_validate(json.loads((path / "config.json").read_text()))
+                held_outs[seed] = HeldOut(cfg, max(sizes))
+            runs[label].append((stored, evaluate(path, label, sizes, held_outs[seed])))
+            print(f"[rejudge] {name} {label} seed {seed} run {index + 1}: {path}", flush=True)
+    by_size: dict[str, Any] = {}
+    for n in sizes:
+        judged: dict[str, list[dict[str, Any]]] = {}
+        for label, pairs in runs.items():
+            judged[label] = []
+            for stored, curves in pairs:
+                result = {**copy.deepcopy(stored), "eval": curves[n], "final_eval": curves[n][-1][2]}
+                result["switches"] = stored["switches"] if isinstance(stored.get("switches"), list) else []
+                judged[label].append(result)
+        judge_by_seed(judged, phases)
+        entries = {label: combine_repeats(results) for label, results in judged.items()}
+        verdict = scenario_verdict(entries)
+        by_size[str(n)] = {
+            "best_fixed": verdict["best_fixed"], "ratio_to_best": verdict["ratio_to_best"],
+            "final_vs_none": verdict["final_eval_vs_none"],
+            "hit_steps": {label: {str(r["seed"]): r["hit_step"] for r in results} for label, results in judged.items()},
+            "none_scatter": {str(r["seed"]): none_scatter(r["eval"]) for r in judged.get("none", [])},
+        }
+        if n == HELD_OUT_SAMPLES:
+            stored_times = [r["time_to_target_s"] for label in runs for r, _ in runs[label]]
+            new_times = [r["time_to_target_s"] for label in judged for r in judged[label]]
+            by_size[str(n)]["reproduces"] = all(_same_time(a, b) for a, b in zip(stored_times, new_times))
+    return by_size
+
+
+def _same_time(stored: float | None, now: float | None) -> bool:
+    if stored is None or now is None:
+        return stored is None and now is None
+    return math.isclose(stored, now, abs_tol=2e-3)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """One table per scenario: a row per held-out size."""
+    lines: list[str] = []
+    for name, by_size in doc["scenarios"].items():
+        labels = list(next(iter(by_size.values()))["ratio_to_best"])
+        lines += [f"**{name}**", "",
+                  "| held-out samples | best fixed | " + " | ".join(f"{label}: ratio / hits by seed / final" for label in labels)
+                  + " | `none`'s scatter (median over seeds) |",
+                  "|---:|---|" + "---|" * len(labels) + "---:|"]
+        for n, row in by_size.items():
+            cells = []
+            for label in labels:
+                ratio = row["ratio_to_best"][label]
+                hits = ",".join("-" if h is None else str(h) for h in row["hit_steps"][label].values())
+                cells.append(f"{'miss' if ratio is None else f'{ratio:.3f}'} / {hits} / {row['final_vs_none'][label]:+.1%}")
+            scatter = [s for s in row["none_scatter"].values() if s is not None]
+            mark = " (reproduces the result file)" if row.get("reproduces") else ""
+            lines.append(f"| {n}{mark} | {row['best_fixed']} | " + " | ".join(cells)
+                         + f" | {statistics.median(scatter) if scatter else '-'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.adaptive.rejudge", description=__doc__.split("\n\n")[0])
+    parser.add_argument("result", type=Path, help="the benchmark's --json-out of the kept runs")
+    parser.add_argument("keep", type=Path, help="the benchmark's --keep directory of the same runs")
+    parser.add_argument("--samples", type=int, nargs="+", default=[HELD_OUT_SAMPLES, 4 * HELD_OUT_SAMPLES])
+    parser.add_argument("--scenario", action="append", default=None, help="only these scenarios (default: every one kept)")
+    parser.add_argument("--json-out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if any(n < 1 for n in args.samples):
+        parser.error("--samples: every size must be >= 1")
+    try:
+        scenarios = json.loads(args.result.read_text())["scenarios"]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"cannot read {args.result} as a result of benchmarks.adaptive: {exc}", file=sys.stderr)
+        return 2
+    names = [name for name in scenarios if (args.keep / name).is_dir() and (args.scenario is None or name in args.scenario)]
+    if not names:
+        print(f"no scenario of {args.result} is kept under {args.keep}", file=sys.stderr)
+        return 2
+    sizes = sorted(set(args.samples))
+    doc: dict[str, Any] = {"result": str(args.result), "keep": str(args.keep), "samples": sizes, "scenarios": {}}
+    try:
+        for name in names:
+            doc["scenarios"][name] = rejudge_scenario(name, scenarios[name], args.keep, sizes)
+    except (OSError, ValueError) as exc:
+        print(f"cannot judge the kept runs again: {exc}", file=sys.stderr)
+        return 2
+    table = markdown(doc)
+    print(table)
+    if args.json_out:
+        write_whole(args.json_out, json.dumps(doc, indent=1) + "\n")
+        write_whole(args.json_out.with_suffix(".md"), table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

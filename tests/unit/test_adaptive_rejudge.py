@@ -1,0 +1,122 @@
+"""``python -m benchmarks.adaptive.rejudge``: kept runs evaluated again on larger held-out sets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from benchmarks import adaptive
+from benchmarks.adaptive.jobs import JobRun
+from benchmarks.adaptive.rejudge import main, none_scatter
+from benchmarks.adaptive.results import combine_repeats, judge_by_seed, run_result
+from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
+from planning.config import TrainConfig
+from workers.checkpoint import META_FILE, TRAINER_FILE
+from workers.data import input_spec
+from workers.models import build_model
+
+SCHEDULE = "1000:150"  # 150 steps: an evaluation every 15, the target at step 135
+LARGER = 1100  # beyond the synthetic test split's 1024: the split is drawn larger
+CHECKPOINTS = (15, 105, 120, 135, 150)  # the benchmark's every 15 steps, thinned to keep the test short
+
+
+def job(seed: int = 0) -> TrainConfig:
+    return adaptive.train_config(adaptive.parse_args(["--seeds", str(seed)]), {"mode": "fixed", "compressor": "none"}, 150)
+
+
+def keep_run(path: Path, cfg: TrainConfig, wobble: float) -> JobRun:
+    """A kept run as the benchmark leaves it: its configuration, a report every 5 steps and
+    checkpoints (:data:`CHECKPOINTS`). The CNN's logits shrink with the step, so the held-out loss falls
+    (towards ln 10); ``wobble`` perturbs the weights, so runs differ."""
+    generator = torch.Generator().manual_seed(int(wobble * 1000))
+    model = build_model(cfg.model.name, **input_spec(cfg.model.name, "synthetic"))
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    for step in CHECKPOINTS:
+        scale = 3.0 - step / 75
+        state = {k: (v * scale + wobble * torch.randn(v.shape, generator=generator) * v.std().nan_to_num()
+                     if v.is_floating_point() else v) for k, v in base.items()}
+        directory = path / "checkpoints" / f"checkpoint_{step // 15:06d}"
+        directory.mkdir(parents=True)
+        torch.save({"model": state}, directory / TRAINER_FILE)
+        (directory / META_FILE).write_text(json.dumps({"step": step, "world_size": 2, "final": step == 150}))
+    reports = [{"step": step, "wall_time": 100.0 + 0.03 * step * (1 + wobble)} for step in range(1, 151, 5)] + \
+              [{"step": 150, "wall_time": 100.0 + 4.5 * (1 + wobble)}]
+    (path / "telemetry.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports))
+    (path / "config.json").write_text(cfg.model_dump_json())
+    return JobRun(label=path.name, reports=reports, summary={"final_loss": 1.0})
+
+
+def kept_scenario(keep: Path) -> dict[str, Any]:
+    """Three labels on one seed, kept, and the result the benchmark would have written of them."""
+    cfg = job()
+    phases = parse_schedule(SCHEDULE)
+    held_out = adaptive.HeldOut(cfg, HELD_OUT_SAMPLES)
+    repeats: dict[str, list[dict[str, Any]]] = {}
+    for label, wobble in (("none", 0.0), ("fp16", 0.01), ("adaptive", 0.02)):
+        path = keep / "steady" / "seed0-repeat0" / f"{label}-0"
+        path.mkdir(parents=True)
+        run = keep_run(path, cfg, wobble)
+        result = {**run_result(run, phases, held_out.curve(path / "checkpoints")), "seed": 0, "foreign_cores": 0.0}
+        repeats[label] = [result]
+    judge_by_seed(repeats, phases)
+    runs = {label: combine_repeats(results) for label, results in repeats.items()}
+    return {"scenarios": {"steady": {"schedule_text": SCHEDULE, "runs": runs}}}
+
+
+def test_a_larger_held_out_set_keeps_the_benchmarks_samples_first(tmp_path: Path) -> None:
+    cfg = job(seed=3)
+    run = tmp_path / "run"
+    run.mkdir()
+    keep_run(run, cfg, 0.05)
+    checkpoint = run / "checkpoints" / "checkpoint_000008"
+    small, large = adaptive.HeldOut(cfg, 64), adaptive.HeldOut(cfg, LARGER)
+    assert large.losses(checkpoint).shape == (LARGER,)
+    assert torch.allclose(small.losses(checkpoint), large.losses(checkpoint)[:64], rtol=1e-5)
+    assert small(checkpoint) == pytest.approx(float(large.losses(checkpoint)[:64].mean()), rel=1e-6)
+
+
+def test_kept_runs_are_judged_again_at_each_size_reproducing_the_result_at_the_benchmarks_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    keep = tmp_path / "keep"
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps(kept_scenario(keep)))
+    out = tmp_path / "rejudged.json"
+    larger_size = HELD_OUT_SAMPLES + 256
+    assert main([str(result), str(keep), "--samples", str(HELD_OUT_SAMPLES), str(larger_size), "--json-out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    own, larger = doc["scenarios"]["steady"][str(HELD_OUT_SAMPLES)], doc["scenarios"]["steady"][str(larger_size)]
+    assert own["reproduces"] is True and "reproduces" not in larger
+    for row in (own, larger):
+        assert row["ratio_to_best"]["none"] == 1.0 or row["best_fixed"] != "none"
+        assert set(row["hit_steps"]) == {"none", "fp16", "adaptive"}
+        assert row["hit_steps"]["none"]["0"] is not None and row["hit_steps"]["none"]["0"] <= 135  # its own target
+    assert own["hit_steps"] == {label: {"0": entry["hit_step"]} for label, entry in
+                                json.loads(result.read_text())["scenarios"]["steady"]["runs"].items()}
+    assert "reproduces the result file" in capsys.readouterr().out and out.with_suffix(".md").exists()
+
+
+def test_the_scatter_is_measured_about_a_quadratic_trend() -> None:
+    trend = [[step, 0.0, 2.0 - 0.004 * step + 1e-5 * step ** 2] for step in range(150, 301, 15)]
+    assert none_scatter(trend) == pytest.approx(0.0, abs=1e-4)
+    wobbly = [[step, wall, loss + (0.02 if i % 2 else -0.02)] for i, (step, wall, loss) in enumerate(trend)]
+    assert 0.015 < (none_scatter(wobbly) or 0.0) < 0.03
+    assert none_scatter(trend[:3]) is None
+
+
+def test_a_missing_keep_or_result_is_a_message_not_a_traceback(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "absent.json"), str(tmp_path)]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"scenarios": {"steady": {"schedule_text": SCHEDULE, "runs": {}}}}))
+    assert main([str(result), str(tmp_path / "nothing-kept")]) == 2
+    assert "no scenario" in capsys.readouterr().err
+    (tmp_path / "keep" / "steady").mkdir(parents=True)
+    result.write_text(json.dumps({"scenarios": {"steady": {"schedule_text": SCHEDULE, "runs": {
+        "none": {"repeats": [{"seed": 0, "total_s": 1.0, "time_to_target_s": 1.0, "switches": 0}]}}}}}))
+    assert main([str(result), str(tmp_path / "keep")]) == 2
+    assert "no kept run of none" in capsys.readouterr().err
