@@ -6,7 +6,8 @@ Why: a change to the policy is cheapest to judge on what real runs reported. The
 reports, in order and at their own wall times, through ``planning.controller.AdaptiveController``
 as the code stands, and prints what the policy would decide on them: every switch (time,
 step, label, whether it was judged on the mix of an oscillating link), how many reports were
-judged on a mix, and the step-time corrections it ended with. Open loop: the workers ran what
+judged on a mix, the step-time corrections it ended with, and the controller's own time a
+report (what rank 0 of a job without a coordinator pays between its steps). Open loop: the workers ran what
 they ran, so a decision that differs from the run's changes nothing that follows; it shows
 where the policy now disagrees with the run, not what a run would now measure. Every rule of
 the oscillating-link mix (sessions 20-21) was checked this way first.
@@ -18,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -43,6 +47,11 @@ class RunReplay:
     judged_on_mix: int = 0
     corrections: dict[str, float] = field(default_factory=dict)
     last_reason: str = ""
+    #: The controller's own time a report (median, ms) and in all, against the run's wall time:
+    #: rank 0 of a job without a coordinator pays it between its steps (``workers.control``).
+    policy_ms_median: float = 0.0
+    policy_s: float = 0.0
+    run_s: float = 0.0
 
 
 def replay_run(run_dir: Path) -> RunReplay:
@@ -55,19 +64,25 @@ def replay_run(run_dir: Path) -> RunReplay:
     if not reports:
         return out
     started = reports[0].wall_time or 0.0
+    costs: list[float] = []
     for index, report in enumerate(reports):
         running = report.running_spec()
         label = running.label if running is not None else "?"
         if index == 0 or out.ran[-1][1] != label:
             out.ran.append((report.step, label))
         now = (report.wall_time or started) - started
+        began = time.perf_counter()
         decision = controller.observe(report, now)
+        costs.append(time.perf_counter() - began)
         out.judged_on_mix += MIX_MARK in controller.last_reason
         if decision is not None:
             out.switches.append((round(now, 2), report.step, decision.spec.label, MIX_MARK in decision.reason))
             controller.follow(decision)
     out.corrections = {label: round(value, 5) for label, value in controller.state.corrections}
     out.last_reason = controller.last_reason
+    out.policy_ms_median = round(statistics.median(costs) * 1e3, 3)
+    out.policy_s = round(math.fsum(costs), 4)
+    out.run_s = round((reports[-1].wall_time or started) - started, 3)
     return out
 
 
@@ -104,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  switches: {replay.switches}")
         if replay.corrections:
             print(f"  step corrections (s): {replay.corrections}")
+        share = f", {replay.policy_s / replay.run_s:.1%} of the run's {replay.run_s:.1f} s" if replay.run_s > 0 else ""
+        print(f"  policy:   {replay.policy_ms_median:.2f} ms a report (median), {replay.policy_s:.3f} s in all{share}")
     if args.json_out is not None:
         write_whole(args.json_out, json.dumps([asdict(r) for r in replays], indent=1) + "\n")
     return 0

@@ -40,9 +40,12 @@ def test_a_kept_run_whose_link_drops_replays_a_switch_to_compression(tmp_path: P
     moves = [(step, label) for _, step, label, _ in replay.switches]
     assert moves and moves[-1][0] > 120 and moves[-1][1].split("-")[0] in ("acpsgd", "powersgd", "topk", "signsgd")
     assert set(replay.corrections) == {"none"}  # the running choice's measured step, against the model's
+    # the controller's own time: some per report, all of it within the reports' 19 s
+    assert replay.run_s == 19.0 and 0 < replay.policy_ms_median and 0 < replay.policy_s < replay.run_s
     assert main([str(tmp_path), "--json-out", str(tmp_path / "replay.json")]) == 0
     out = capsys.readouterr().out
     assert "fast-slow/seed0-repeat0/adaptive-0: 20 reports" in out and "switches:" in out
+    assert "ms a report (median)" in out and "of the run's 19.0 s" in out
     assert json.loads((tmp_path / "replay.json").read_text())[0]["reports"] == 20
 
 
