@@ -137,6 +137,10 @@ def eval_loss(cfg: TrainConfig, checkpoint: Path) -> float:
     return HeldOut(cfg)(checkpoint)
 
 
+#: Held-out samples a forward pass takes at once (the benchmark's 512 in one).
+EVAL_CHUNK = 512
+
+
 class HeldOut:
     """The held-out split of ``cfg``'s dataset, built once; calling it evaluates a checkpoint.
 
@@ -177,9 +181,11 @@ class HeldOut:
         from workers.checkpoint import TRAINER_FILE
 
         self.model.load_state_dict(torch.load(checkpoint / TRAINER_FILE, map_location="cpu", weights_only=False)["model"])
-        with torch.no_grad():
-            return torch.cat([F.cross_entropy(self.model(inputs), targets, reduction="none").double()
-                              for inputs, targets in self.batches])
+        with torch.no_grad():  # in chunks of EVAL_CHUNK: one forward of thousands of images costs
+            # more in allocating its activations than in computing them
+            return torch.cat([F.cross_entropy(self.model(x), y, reduction="none").double()
+                              for inputs, targets in self.batches
+                              for x, y in zip(inputs.split(EVAL_CHUNK), targets.split(EVAL_CHUNK))])
 
     def curve(self, root: Path) -> list[tuple[int, float]]:
         """(step, held-out loss) of every checkpoint under ``root``, by step."""
