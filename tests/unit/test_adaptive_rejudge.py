@@ -91,7 +91,7 @@ def test_kept_runs_are_judged_again_at_each_size_reproducing_the_result_at_the_b
     own, larger = doc["scenarios"]["steady"][str(HELD_OUT_SAMPLES)], doc["scenarios"]["steady"][str(larger_size)]
     assert own["reproduces"] is True and "reproduces" not in larger
     for row in (own, larger):
-        assert row["ratio_to_best"]["none"] == 1.0 or row["best_fixed"] != "none"
+        assert row["ratio_to_best"][row["best_fixed"]] == 1.0 and row["best_fixed"] in ("none", "fp16")
         assert set(row["hit_steps"]) == {"none", "fp16", "adaptive"}
         assert row["hit_steps"]["none"]["0"] is not None and row["hit_steps"]["none"]["0"] <= 135  # its own target
     assert own["hit_steps"] == {label: {"0": entry["hit_step"]} for label, entry in
