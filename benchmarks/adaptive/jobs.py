@@ -169,6 +169,7 @@ class HeldOut:
         batches = make_loader(test_set, batch_size=samples, rank=0, world_size=1, seed=cfg.seed,
                               shuffle=False, drop_last=False)
         self.batches = [next(iter(batches))]
+        self.size = sum(int(targets.numel()) for _, targets in self.batches)
 
     def __call__(self, checkpoint: Path) -> float:
         return float(self.losses(checkpoint).mean())
@@ -189,10 +190,20 @@ class HeldOut:
 
     def curve(self, root: Path) -> list[tuple[int, float]]:
         """(step, held-out loss) of every checkpoint under ``root``, by step."""
+        return self.prefix_curves(root, [self.size])[self.size]
+
+    def prefix_curves(self, root: Path, sizes: Sequence[int]) -> dict[int, list[tuple[int, float]]]:
+        """``{N: [(step, held-out loss on the first N samples), ...]}`` of every checkpoint under
+        ``root``, by step: one evaluation of each checkpoint serves every N."""
         from workers.checkpoint import read_meta
 
-        points = [(int(read_meta(d)["step"]), self(d)) for d in root.glob("checkpoint_*") if d.is_dir()]
-        return sorted(points)
+        checkpoints = sorted((int(read_meta(d)["step"]), d) for d in root.glob("checkpoint_*") if d.is_dir())
+        curves: dict[int, list[tuple[int, float]]] = {n: [] for n in sizes}
+        for step, directory in checkpoints:
+            losses = self.losses(directory)
+            for n in sizes:
+                curves[n].append((step, float(losses[:n].mean())))
+        return curves
 
 
 def follow_reports(tb: Testbed, procs: list[subprocess.Popen], progress: Path, phases: Sequence[Phase],

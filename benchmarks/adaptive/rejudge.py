@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.adaptive.jobs import HeldOut, JobRun
-from benchmarks.adaptive.results import combine_repeats, judge_by_seed, scenario_verdict
+from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, scenario_verdict
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from benchmarks.outputs import write_whole
 from planning.config import TrainConfig
@@ -41,13 +41,15 @@ from planning.config import TrainConfig
 SCATTER_FROM_STEP = 150
 
 
-def run_dir(keep: Path, scenario: str, seed: Any, repeat_index: int, label: str, total_s: float) -> Path:
-    """The kept directory of one run: ``DIR/<scenario>/seed<S>-repeat<R>/<label>-<attempt>``; of
-    a run repeated for foreign load, the attempt whose reports span the stored total time."""
+def kept_run(keep: Path, scenario: str, seed: Any, repeat_index: int, label: str, total_s: float) -> tuple[Path, JobRun]:
+    """The kept directory of one run, ``DIR/<scenario>/seed<S>-repeat<R>/<label>-<attempt>``, and
+    its reports; of a run repeated for foreign load, the attempt whose reports span the stored
+    total time."""
     attempts = sorted((keep / scenario / f"seed{seed}-repeat{repeat_index}").glob(f"{label}-[0-9]*"))
     if not attempts:
         raise FileNotFoundError(f"no kept run of {label} in {keep / scenario / f'seed{seed}-repeat{repeat_index}'}")
-    return min(attempts, key=lambda path: abs(_span_s(_job_run(path, label)) - total_s))
+    runs = [(path, _job_run(path, label)) for path in attempts]
+    return min(runs, key=lambda pair: abs(_span_s(pair[1]) - total_s))
 
 
 def _span_s(run: JobRun) -> float:
@@ -62,21 +64,10 @@ def _job_run(path: Path, label: str) -> JobRun:
     return JobRun(label=label, reports=reports, summary={})
 
 
-def evaluate(path: Path, label: str, sizes: Sequence[int], held_out: HeldOut) -> dict[int, list[list[float]]]:
-    """``{N: [[step, wall_s, held-out loss on the first N samples], ...]}`` of one kept run;
-    wall_s from the end of step 1, as the benchmark measures it."""
-    from workers.checkpoint import read_meta
-
-    run = _job_run(path, label)
-    origin = run.wall_at(1)
-    curves: dict[int, list[list[float]]] = {n: [] for n in sizes}
-    checkpoints = sorted((int(read_meta(d)["step"]), d) for d in (path / "checkpoints").glob("checkpoint_*") if d.is_dir())
-    for step, directory in checkpoints:
-        losses = held_out.losses(directory)
-        wall = round(run.wall_at(step) - origin, 3)
-        for n in sizes:
-            curves[n].append([step, wall, round(float(losses[:n].mean()), 5)])
-    return curves
+def evaluate(path: Path, run: JobRun, sizes: Sequence[int], held_out: HeldOut) -> dict[int, list[list[float]]]:
+    """``{N: [[step, wall_s, held-out loss on the first N samples], ...]}`` of one kept run,
+    as the benchmark writes a run's ``eval`` (:func:`benchmarks.adaptive.results.eval_points`)."""
+    return {n: eval_points(run, curve) for n, curve in held_out.prefix_curves(path / "checkpoints", sizes).items()}
 
 
 def none_scatter(curve: Sequence[Sequence[float]]) -> float | None:
@@ -104,11 +95,11 @@ def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Seq
         for stored in repeats:
             seed = stored.get("seed")
             index = seen[seed] = seen.get(seed, -1) + 1
-            path = run_dir(keep, name, seed, index, label, stored["total_s"])
+            path, run = kept_run(keep, name, seed, index, label, stored["total_s"])
             if seed not in held_outs:
                 cfg = TrainConfig.model_validate(json.loads((path / "config.json").read_text()))
                 held_outs[seed] = HeldOut(cfg, max(sizes))
-            runs[label].append((stored, evaluate(path, label, sizes, held_outs[seed])))
+            runs[label].append((stored, evaluate(path, run, sizes, held_outs[seed])))
             print(f"[rejudge] {name} {label} seed {seed} run {index + 1}: {path}", flush=True)
     by_size: dict[str, Any] = {}
     for n in sizes:
