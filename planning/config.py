@@ -45,6 +45,7 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
     "batch_size": ("data", "batch_size"),
     "seq_len": ("data", "seq_len"),
     "image_size": ("data", "image_size"),
+    "shuffle_seed": ("data", "shuffle_seed"),
     "lr": ("optimizer", "lr"),
     "momentum": ("optimizer", "momentum"),
     "weight_decay": ("optimizer", "weight_decay"),
@@ -215,6 +216,11 @@ class JobFields(_Section):
     @property
     def max_workers(self) -> int:
         return self.workers if isinstance(self.workers, int) else self.workers[1]
+
+    @property
+    def shuffle_seed(self) -> int:
+        """The seed of the training samples' order: ``data.shuffle_seed``, else the job's ``seed``."""
+        return self.seed if self.data.shuffle_seed is None else self.data.shuffle_seed
 
 
 class TrainConfig(JobFields):

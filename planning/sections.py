@@ -143,6 +143,10 @@ class DataConfig(_Section):
     seq_len: int = Field(default=64, ge=2, le=4096)
     #: Synthetic image side (e.g. 224 for ImageNet-sized inputs); None = the dataset default.
     image_size: int | None = Field(default=None, ge=8, le=1024)
+    #: Seed of the order the training samples are drawn in; None = the job's ``seed``, which
+    #: also draws the initial weights and a synthetic dataset. Set apart, it gives another run of
+    #: the same model on the same data (the adaptive benchmark's reference runs).
+    shuffle_seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
 
     @field_validator("dataset")
     @classmethod

@@ -85,7 +85,8 @@ def run_training(cfg: TrainConfig, env: WorkerEnv) -> dict[str, Any]:
     reporter = Reporter(cfg, env, sync, source, sinks, total_steps,
                          resumed_from_step=start_step if resumed_decision is not None else None)
 
-    loader = InfiniteLoader(train_set, cfg.data.batch_size, env.rank, env.world_size, cfg.seed, start_step=start_step)
+    loader = InfiniteLoader(train_set, cfg.data.batch_size, env.rank, env.world_size, cfg.shuffle_seed,
+                            start_step=start_step)
     timer = StepTimer(device)
     reporter.probe_at_start(sync.process_group)
     loss_value = math.nan

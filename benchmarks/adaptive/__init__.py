@@ -33,8 +33,13 @@ seeds absorbs both.
 Judged by time to target. Every run checkpoints every :data:`EVAL_EVERY` steps (the same
 cost for every run); after the run each checkpoint's model is evaluated on the first 512 held-out
 samples, outside the timed run. The scenario's target is the held-out loss uncompressed
-training (``none``) reaches at 90 % of its steps; a run's ``time_to_target_s`` is the wall
-time of its first evaluation at or below it (null: never). Wall times come from rank 0's
+training (``none``) reaches at 90 % of its steps: by default that of ``--references`` (3) runs of
+``none`` a seed of their own, with the seed's initial weights and held-out set and another order
+of the training samples (the median of theirs; ``target_from``), so the judged ``none`` run
+meets a draw of the trajectory like every other choice rather than its own value at 90 % of the
+steps, which it meets by construction (``against_own_none`` keeps that judgement too;
+``--references 0`` judges by it alone). A run's ``time_to_target_s`` is the wall time of its first
+evaluation at or below the target (null: never). Wall times come from rank 0's
 telemetry, from the end of step 1 (start-up, model build and the first probe left out;
 later probes, the quality signal, the policy and the checkpoints are in, for every run alike).
 
@@ -48,13 +53,15 @@ the least foreign load is kept (``foreign_cores_runs`` lists every attempt's).
 
 JSON (``--json-out``)::
 
-    {"scenarios": {"<name>": {"target": x, "targets_by_seed": {...}, "schedule": [...], "verdict": {...},
-        "seeds": [...], "none_curve_spread": x or null,
+    {"scenarios": {"<name>": {"target": x, "targets_by_seed": {...}, "target_from": "...", "schedule": [...],
+        "verdict": {...}, "seeds": [...], "none_curve_spread": x or null,
+        "references": [{"seed": s, "shuffle_seed": n, "eval": [[step, wall_s, x], ...], ...}],
+        "against_own_none": {"targets_by_seed": {...}, "verdict": {...}, "hit_steps": {...}},
         "runs": {"<label>": {"time_to_target_s": t or null, "total_s": t, "final_eval": x,
                               "eval": [[step, wall_s, x], ...], "switches": [...], "seed": s, "target": x,
                               "hit_step": n or null, "final_vs_none": x, "first_run": {...},
                               "repeats": [{"seed": s, "time_to_target_s": t, ...}], ...}}}},
-     "verdict": {"worst_ratio_to_best_fixed": {...}}, "job": {...}}
+     "verdict": {"worst_ratio_to_best_fixed": {...}, "worst_ratio_against_own_none": {...}}, "job": {...}}
 
     python -m benchmarks.adaptive --json-out benchmarks/results/adaptive.json          # every scenario
     python -m benchmarks.adaptive --quick --json-out benchmarks/results/adaptive_quick.json  # fast-slow-fast only

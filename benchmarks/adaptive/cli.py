@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -17,25 +18,30 @@ from benchmarks.adaptive.jobs import Backend, HeldOut, JobRun, LocalBackend, ran
 from benchmarks.adaptive.report import markdown, plot
 from benchmarks.adaptive.results import (
     combine_repeats,
+    eval_points,
     judge_by_seed,
     none_curve_spread,
     overall_verdict,
+    reference_targets,
     run_result,
     scenario_verdict,
 )
 from benchmarks.adaptive.scenarios import (
     ADAPTIVE,
     BUSY_CORES,
+    DEFAULT_REFERENCES,
     DEFAULT_SEEDS,
     EVAL_EVERY,
     FIXED_CHOICES,
     HELD_OUT_SAMPLES,
+    QUICK_REFERENCES,
     QUICK_SCENARIOS,
     QUICK_SEEDS,
     SCENARIOS,
     Phase,
     fixed_compression,
     parse_schedule,
+    reference_shuffle_seed,
     train_config,
 )
 from benchmarks.machine import bench_lock, foreign_load, wait_for_quiet
@@ -96,9 +102,51 @@ def round_order(choices: Sequence[str], round_index: int) -> list[str]:
     return [*choices[turn:], *choices[:turn]]
 
 
-def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir: Path) -> dict[str, Any]:
+def run_references(backend: Backend, args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    """``--references`` runs of ``none`` a seed (and a step count the scenarios have), each with
+    the seed's initial weights and held-out set and another order of the training samples
+    (:func:`reference_shuffle_seed`), on the fastest link the scenarios have: ``none``'s
+    trajectory does not depend on the link, and these runs' times are not judged. Their held-out
+    loss at 90 % of the steps sets each seed's target (``results.reference_targets``).
+    Kept as ``workdir/reference/<steps>steps/seed<S>-order<K>/none-0``."""
+    totals = sorted({sum(p.steps for p in parse_schedule(text)) for text in args.scenarios.values()})
+    fastest = max(p.mbit for text in args.scenarios.values() for p in parse_schedule(text))
+    out: list[dict[str, Any]] = []
+    for steps in totals:
+        for seed in args.seeds:
+            seeded = argparse.Namespace(**{**vars(args), "seed": seed, "busy_repeats": 0})
+            held_out = HeldOut(train_config(seeded, fixed_compression("none"), steps), HELD_OUT_SAMPLES)
+            for index in range(args.references):
+                order = reference_shuffle_seed(seed, index)
+                ordered = argparse.Namespace(**{**vars(seeded), "shuffle_seed": order})
+                run, curve, loads = run_choice(backend, ordered, "none", [Phase(fastest, steps)],
+                                               workdir / "reference" / f"{steps}steps" / f"seed{seed}-order{index}", held_out)
+                evals = eval_points(run, curve)
+                out.append({"seed": seed, "shuffle_seed": order, "steps": steps, "eval": evals, "final_eval": evals[-1][2],
+                            "foreign_cores": run.foreign_cores})
+                print(f"[adaptive] reference none (seed {seed}, order {order}, {steps} steps): held-out "
+                      f"{dict((int(e[0]), e[2]) for e in evals).get(round(0.9 * steps))} at 90 %, final {evals[-1][2]:.4f}",
+                      flush=True)
+    return out
+
+
+def judged_runs(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Phase],
+                targets: dict[Any, float] | None) -> tuple[dict[str, dict[str, Any]], dict[Any, float]]:
+    """Every choice's entry with its runs judged against ``targets`` (None: ``none``'s own),
+    on copies: the same runs are judged both ways."""
+    judged = copy.deepcopy(repeats)
+    used = judge_by_seed(judged, phases, targets)
+    return {choice: combine_repeats(results) for choice, results in judged.items()}, used
+
+
+def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir: Path,
+                 references: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Every choice once per seed (and repeat), in an order that turns each round
-    (:func:`round_order`); ``none``'s curve sets each seed's target afterwards.
+    (:func:`round_order`); then the runs judged against each seed's target.
+
+    The target: from the reference runs of ``none`` with this scenario's step count
+    (:func:`run_references`), else ``none``'s own run (``--references 0``). With references the
+    verdict against ``none``'s own target is kept beside (``against_own_none``).
 
     Why several seeds: one seed's trajectory decides the outcome near the target. On seed 0 fp16,
     whose error is 2e-4, ended 2.0 % above ``none`` and reached the target by one evaluation's
@@ -126,13 +174,21 @@ def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir:
                       f"{result['total_s']:.2f} s, final held-out {result['final_eval']:.4f}, "
                       f"switches {[(s['to'], s['at_s']) for s in result['switches']]}, foreign load {loads} cores, "
                       f"quality overhead {result['quality_overhead']}", flush=True)
-    targets = judge_by_seed(repeats, phases)
-    runs = {choice: combine_repeats(results) for choice, results in repeats.items()}
+    mine = [r for r in references if r["steps"] == steps]
+    runs, targets = judged_runs(repeats, phases, reference_targets(mine, phases) if mine else None)
     scenario = {"schedule_text": args.scenarios[name], "schedule": [{"mbit": p.mbit, "steps": p.steps} for p in phases],
                 "seeds": args.seeds, "repeats": args.repeats,
+                "target_from": "reference none runs" if mine else "none's own runs",
                 "target": targets[args.seeds[0]], "targets_by_seed": {str(seed): t for seed, t in targets.items()},
                 "none_curve_spread": none_curve_spread(repeats["none"]), "runs": runs}
     scenario["verdict"] = scenario_verdict(runs)
+    if mine:
+        scenario["references"] = mine
+        own_runs, own = judged_runs(repeats, phases, None)
+        scenario["against_own_none"] = {"targets_by_seed": {str(seed): t for seed, t in own.items()},
+                                        "verdict": scenario_verdict(own_runs),
+                                        "hit_steps": {choice: [r["hit_step"] for r in entry["repeats"]]
+                                                      for choice, entry in own_runs.items()}}
     return scenario
 
 
@@ -160,6 +216,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "for the choice: one seed's trajectory decides the finish (see adaptive_seeds.md). "
                              "Default 0-4: a cast's final ranges from -1.7 %% to +2.7 %% of none's over them, so "
                              "'within 1 %%' on fewer seeds is a matter of which; 0-2 with --quick (15 minutes)")
+    parser.add_argument("--references", type=int, default=None,
+                        help=f"reference runs of none a seed, each with another order of the training samples; "
+                             f"their median held-out loss at 90 %% of the steps is the seed's target, so none is "
+                             f"judged like every other choice (default {DEFAULT_REFERENCES}, {QUICK_REFERENCES} "
+                             f"with --quick; 0: the target is the judged none run's own)")
     parser.add_argument("--sync-every", type=int, default=5)
     parser.add_argument("--report-interval-s", type=float, default=0.1,
                         help="telemetry cadence (the policy decides on each report); rates change on reports")
@@ -214,6 +275,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds: each seed once, got {args.seeds}")
     args.seed = args.seeds[0]  # the job builder's (train_config) seed outside a seeded run
+    args.shuffle_seed = None  # every judged run's samples come in its seed's order
+    if args.references is None:
+        args.references = QUICK_REFERENCES if args.quick else DEFAULT_REFERENCES
+    if args.references < 0:
+        parser.error(f"--references: must be >= 0, got {args.references}")
     if args.merge_only and not args.include:
         parser.error("--merge-only: name the results to merge with --include")
     return args
@@ -268,8 +334,9 @@ def main(argv: Sequence[str] | None = None, backends: BackendFactory = local_bac
                 return 2
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="gw-adaptive-"))
             where = backend.where
+            references = run_references(backend, args, Path(args.keep or tmp))
             for name in args.scenarios:
-                doc["scenarios"][name] = run_scenario(backend, args, name, Path(args.keep or tmp))
+                doc["scenarios"][name] = run_scenario(backend, args, name, Path(args.keep or tmp), references)
     for path in args.include or []:  # scenarios measured by another run of this command
         for name, scenario in json.loads(path.read_text())["scenarios"].items():
             # judged again by this code's rules (the best fixed choice changed in session 18)
@@ -278,6 +345,7 @@ def main(argv: Sequence[str] | None = None, backends: BackendFactory = local_bac
     doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr,
                   "lr_schedule": args.lr_schedule,
                   "bucket_cap_mb": args.bucket_cap_mb, "workers": 2, "seeds": args.seeds, "repeats": args.repeats, "eval_every": EVAL_EVERY,
+                  "references": args.references,
                   "probe_interval_s": args.probe_interval_s, "probe_budget": args.probe_budget,
                   "sync_every": args.sync_every, "report_interval_s": args.report_interval_s,
                   "cluster": where,

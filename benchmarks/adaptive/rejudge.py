@@ -14,6 +14,10 @@ and how the per-seed hits and the ratios move with it.
     python -m benchmarks.adaptive --keep DIR --json-out RESULT.json ...   # the runs, kept
     python -m benchmarks.adaptive.rejudge RESULT.json DIR --samples 512 1024 2048 4096 --json-out OUT.json
 
+With kept reference runs of ``none`` (``--references``; the benchmark keeps its own under
+``DIR/reference``) each N is judged a second time, against the references' targets
+(``against_reference``).
+
 Per N and scenario: the best fixed choice, each label's ratio to it, each label's hit step per
 seed, each label's final against ``none``'s, and the scatter of each seed's ``none`` curve about a
 quadratic trend over steps 150-300 (``none_scatter``). At the benchmark's own N the judgement
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.adaptive.jobs import HeldOut, JobRun
-from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, scenario_verdict
+from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, reference_targets, scenario_verdict
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from benchmarks.outputs import write_whole
 from planning.config import TrainConfig
@@ -83,11 +87,31 @@ def none_scatter(curve: Sequence[Sequence[float]]) -> float | None:
     return round(float(residual.std(ddof=3)), 4)
 
 
-def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Sequence[int]) -> dict[str, Any]:
-    """Every kept run of ``scenario`` evaluated at each of ``sizes`` and judged per size."""
+def kept_references(references: Path, steps: int) -> list[tuple[Any, Path, JobRun]]:
+    """The kept reference runs of ``none`` with ``steps`` steps (``benchmarks.adaptive.cli.run_references``:
+    ``DIR/<steps>steps/seed<S>-order<K>/none-0``) as (seed, directory, reports)."""
+    out = []
+    for path in sorted((references / f"{steps}steps").glob("seed*-order*/none-0")):
+        seed = int(path.parent.name.removeprefix("seed").split("-order")[0])
+        out.append((seed, path, _job_run(path, "none")))
+    return out
+
+
+def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Sequence[int],
+                     references: Path | None = None) -> dict[str, Any]:
+    """Every kept run of ``scenario`` evaluated at each of ``sizes`` and judged per size against
+    ``none``'s own targets and, where ``references`` holds kept reference runs of the scenario's
+    step count, against theirs (``against_reference``)."""
     phases = parse_schedule(scenario["schedule_text"])
     repeats_of = {label: entry.get("repeats") or [entry] for label, entry in scenario["runs"].items()}
     held_outs: dict[Any, HeldOut] = {}
+
+    def held_out(seed: Any, path: Path) -> HeldOut:
+        if seed not in held_outs:
+            cfg = TrainConfig.model_validate(json.loads((path / "config.json").read_text()))
+            held_outs[seed] = HeldOut(cfg, max(sizes))
+        return held_outs[seed]
+
     runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[float]]]]]] = {}
     for label, repeats in repeats_of.items():
         runs[label] = []
@@ -96,34 +120,52 @@ def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Seq
             seed = stored.get("seed")
             index = seen[seed] = seen.get(seed, -1) + 1
             path, run = kept_run(keep, name, seed, index, label, stored["total_s"])
-            if seed not in held_outs:
-                cfg = TrainConfig.model_validate(json.loads((path / "config.json").read_text()))
-                held_outs[seed] = HeldOut(cfg, max(sizes))
-            runs[label].append((stored, evaluate(path, run, sizes, held_outs[seed])))
+            runs[label].append((stored, evaluate(path, run, sizes, held_out(seed, path))))
             print(f"[rejudge] {name} {label} seed {seed} run {index + 1}: {path}", flush=True)
+    reference_curves: list[tuple[Any, dict[int, list[list[float]]]]] = []
+    for seed, path, run in kept_references(references, sum(p.steps for p in phases)) if references else []:
+        if seed in held_outs:
+            reference_curves.append((seed, evaluate(path, run, sizes, held_out(seed, path))))
+            print(f"[rejudge] {name} reference seed {seed}: {path}", flush=True)
+    stored_from_reference = scenario.get("target_from") == "reference none runs"
     by_size: dict[str, Any] = {}
     for n in sizes:
-        judged: dict[str, list[dict[str, Any]]] = {}
-        for label, pairs in runs.items():
-            judged[label] = []
-            for stored, curves in pairs:
-                result = {**copy.deepcopy(stored), "eval": curves[n], "final_eval": curves[n][-1][2]}
-                result["switches"] = stored["switches"] if isinstance(stored.get("switches"), list) else []
-                judged[label].append(result)
-        judge_by_seed(judged, phases)
-        entries = {label: combine_repeats(results) for label, results in judged.items()}
-        verdict = scenario_verdict(entries)
-        by_size[str(n)] = {
-            "best_fixed": verdict["best_fixed"], "ratio_to_best": verdict["ratio_to_best"],
-            "final_vs_none": verdict["final_eval_vs_none"],
-            "hit_steps": {label: {str(r["seed"]): r["hit_step"] for r in results} for label, results in judged.items()},
-            "none_scatter": {str(r["seed"]): none_scatter(r["eval"]) for r in judged.get("none", [])},
-        }
+        own, judged = judgement(runs, n, phases, None)
+        by_size[str(n)] = own
+        against = None
+        if reference_curves:
+            targets = reference_targets([{"seed": seed, "eval": curves[n]} for seed, curves in reference_curves], phases)
+            own["against_reference"], against = judgement(runs, n, phases, targets)
         if n == HELD_OUT_SAMPLES:
-            stored_times = [r["time_to_target_s"] for label in runs for r, _ in runs[label]]
-            new_times = [r["time_to_target_s"] for label in judged for r in judged[label]]
-            by_size[str(n)]["reproduces"] = all(_same_time(a, b) for a, b in zip(stored_times, new_times))
+            matching = against if stored_from_reference else judged
+            if matching is not None:
+                stored_times = [r["time_to_target_s"] for label in runs for r, _ in runs[label]]
+                new_times = [r["time_to_target_s"] for label in matching for r in matching[label]]
+                own["reproduces"] = all(_same_time(a, b) for a, b in zip(stored_times, new_times))
     return by_size
+
+
+def judgement(runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[float]]]]]], n: int,
+              phases: Sequence[Any], targets: dict[Any, float] | None) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The runs on ``n`` held-out samples judged against ``targets`` (None: ``none``'s own) by the
+    benchmark's rules: the figures a size's row shows, and the judged runs."""
+    judged: dict[str, list[dict[str, Any]]] = {}
+    for label, pairs in runs.items():
+        judged[label] = []
+        for stored, curves in pairs:
+            result = {**copy.deepcopy(stored), "eval": curves[n], "final_eval": curves[n][-1][2]}
+            result["switches"] = stored["switches"] if isinstance(stored.get("switches"), list) else []
+            judged[label].append(result)
+    used = judge_by_seed(judged, phases, targets)
+    entries = {label: combine_repeats(results) for label, results in judged.items()}
+    verdict = scenario_verdict(entries)
+    return {
+        "targets_by_seed": {str(seed): round(t, 5) for seed, t in used.items()},
+        "best_fixed": verdict["best_fixed"], "ratio_to_best": verdict["ratio_to_best"],
+        "final_vs_none": verdict["final_eval_vs_none"],
+        "hit_steps": {label: {str(r["seed"]): r["hit_step"] for r in results} for label, results in judged.items()},
+        "none_scatter": {str(r["seed"]): none_scatter(r["eval"]) for r in judged.get("none", [])},
+    }, judged
 
 
 def _same_time(stored: float | None, now: float | None) -> bool:
@@ -133,26 +175,36 @@ def _same_time(stored: float | None, now: float | None) -> bool:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    """One table per scenario: a row per held-out size."""
+    """One table per scenario and target: a row per held-out size."""
     lines: list[str] = []
     for name, by_size in doc["scenarios"].items():
-        labels = list(next(iter(by_size.values()))["ratio_to_best"])
-        lines += [f"**{name}**", "",
-                  "| held-out samples | best fixed | " + " | ".join(f"{label}: ratio / hits by seed / final" for label in labels)
-                  + " | `none`'s scatter (median over seeds) |",
-                  "|---:|---|" + "---|" * len(labels) + "---:|"]
-        for n, row in by_size.items():
-            cells = []
-            for label in labels:
-                ratio = row["ratio_to_best"][label]
-                hits = ",".join("-" if h is None else str(h) for h in row["hit_steps"][label].values())
-                cells.append(f"{'miss' if ratio is None else f'{ratio:.3f}'} / {hits} / {row['final_vs_none'][label]:+.1%}")
-            scatter = [s for s in row["none_scatter"].values() if s is not None]
-            mark = " (reproduces the result file)" if row.get("reproduces") else ""
-            lines.append(f"| {n}{mark} | {row['best_fixed']} | " + " | ".join(cells)
-                         + f" | {statistics.median(scatter) if scatter else '-'} |")
-        lines.append("")
+        lines += _table(f"**{name}**, against `none`'s own targets", by_size)
+        against = {n: row["against_reference"] for n, row in by_size.items() if "against_reference" in row}
+        if against:
+            lines += _table(f"**{name}**, against the reference runs' targets", against)
     return "\n".join(lines)
+
+
+def _table(title: str, by_size: dict[str, Any]) -> list[str]:
+    """The rows of one scenario's judgement by held-out size, under ``title``."""
+    lines: list[str] = []
+    labels = list(next(iter(by_size.values()))["ratio_to_best"])
+    lines += [title, "",
+              "| held-out samples | best fixed | " + " | ".join(f"{label}: ratio / hits by seed / final" for label in labels)
+              + " | `none`'s scatter (median over seeds) |",
+              "|---:|---|" + "---|" * len(labels) + "---:|"]
+    for n, row in by_size.items():
+        cells = []
+        for label in labels:
+            ratio = row["ratio_to_best"][label]
+            hits = ",".join("-" if h is None else str(h) for h in row["hit_steps"][label].values())
+            cells.append(f"{'miss' if ratio is None else f'{ratio:.3f}'} / {hits} / {row['final_vs_none'][label]:+.1%}")
+        scatter = [s for s in row["none_scatter"].values() if s is not None]
+        mark = " (reproduces the result file)" if row.get("reproduces") else ""
+        lines.append(f"| {n}{mark} | {row['best_fixed']} | " + " | ".join(cells)
+                     + f" | {statistics.median(scatter) if scatter else '-'} |")
+    lines.append("")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,8 +213,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("keep", type=Path, help="the benchmark's --keep directory of the same runs")
     parser.add_argument("--samples", type=int, nargs="+", default=[HELD_OUT_SAMPLES, 4 * HELD_OUT_SAMPLES])
     parser.add_argument("--scenario", action="append", default=None, help="only these scenarios (default: every one kept)")
+    parser.add_argument("--references", type=Path, default=None,
+                        help="kept reference runs of none (default: KEEP/reference where it exists); each "
+                             "size is judged against their targets too")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.references is None and (args.keep / "reference").is_dir():
+        args.references = args.keep / "reference"
+    if args.references is not None and not args.references.is_dir():
+        parser.error(f"--references: no directory {args.references}")
     if any(n < 1 for n in args.samples):
         parser.error("--samples: every size must be >= 1")
     try:
@@ -175,10 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no scenario of {args.result} is kept under {args.keep}", file=sys.stderr)
         return 2
     sizes = sorted(set(args.samples))
-    doc: dict[str, Any] = {"result": str(args.result), "keep": str(args.keep), "samples": sizes, "scenarios": {}}
+    doc: dict[str, Any] = {"result": str(args.result), "keep": str(args.keep), "samples": sizes, "scenarios": {},
+                           "references": None if args.references is None else str(args.references)}
     try:
         for name in names:
-            doc["scenarios"][name] = rejudge_scenario(name, scenarios[name], args.keep, sizes)
+            doc["scenarios"][name] = rejudge_scenario(name, scenarios[name], args.keep, sizes, args.references)
     except (OSError, ValueError) as exc:
         print(f"cannot judge the kept runs again: {exc}", file=sys.stderr)
         return 2

@@ -59,6 +59,8 @@ def markdown(doc: dict[str, Any]) -> str:
         by_seed = scenario.get("targets_by_seed")
         targets = (f"targets by seed {', '.join(f'{seed}: {t:.4f}' for seed, t in by_seed.items())}" if by_seed
                    else f"target held-out loss {scenario['target']:.4f}")
+        if "target_from" in scenario:
+            targets += f" from {scenario['target_from']}"
         how = ("; the row is the run at the median time to target, the ratio paired by seed, vs none the median "
                "over seeds" if by_seed else "")
         if "ratio_interval" in v:
@@ -82,10 +84,26 @@ def markdown(doc: dict[str, Any]) -> str:
             out.append(f"| {label} | {ttt} | {each} | {shown} | {r['total_s']:.2f} | "
                        f"{r['final_eval']:.4f} | {v['final_eval_vs_none'][label]:+.1%} | {r['foreign_cores']} | {moves} |")
         out.append("")
+        own = scenario.get("against_own_none")
+        if own:
+            ratios = ", ".join(f"{label} {'miss' if r is None else f'{r:.3f}'}"
+                               for label, r in own["verdict"]["ratio_to_best"].items())
+            hits = "; ".join(f"{label} {','.join('-' if h is None else str(h) for h in steps)}"
+                             for label, steps in own["hit_steps"].items())
+            out += [f"Against `none`'s own target (targets by seed "
+                    f"{', '.join(f'{seed}: {t:.4f}' for seed, t in own['targets_by_seed'].items())}): best fixed "
+                    f"{own['verdict']['best_fixed']}; ratio to it: {ratios}; hit steps by seed: {hits}.", ""]
     worst = doc["verdict"]["worst_ratio_to_best_fixed"]
+    own_worst = doc["verdict"].get("worst_ratio_against_own_none")
     out += ["**Worst ratio to the best fixed choice across scenarios** (- : missed a target)", "",
-            "| run | worst ratio |", "|---|---:|"]
-    out += [f"| {label} | {'-' if r is None else f'{r:.3f}'} |" for label, r in worst.items()]
+            "| run | worst ratio |" + (" against `none`'s own targets |" if own_worst else ""),
+            "|---|---:|" + ("---:|" if own_worst else "")]
+    for label, r in worst.items():
+        row = f"| {label} | {'-' if r is None else f'{r:.3f}'} |"
+        if own_worst:
+            other = own_worst.get(label)
+            row += f" {'-' if other is None else f'{other:.3f}'} |"
+        out.append(row)
     bounds = doc["verdict"].get("switching_bound") or {}
     if bounds:
         out += ["", "**Clairvoyant switching bound** (each phase run by the fixed choice fastest per step at its rate "

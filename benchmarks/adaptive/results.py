@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 from statistics import median_high
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from benchmarks.adaptive.jobs import JobRun
 from benchmarks.adaptive.scenarios import ADAPTIVE, EVAL_EVERY, Phase, boundaries
@@ -97,18 +97,20 @@ def run_result(run: JobRun, phases: Sequence[Phase], curve: Sequence[tuple[int, 
     }
 
 
-def judge_by_seed(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Phase]) -> dict[Any, float]:
+def judge_by_seed(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Phase],
+                  targets: dict[Any, float] | None = None) -> dict[Any, float]:
     """Judge every run against its own seed's target; returns the targets by seed.
 
-    A seed's target is the held-out loss its ``none`` run reaches at 90 % of the steps
-    (:func:`target_of`; the median over that seed's repeats, which repeat the same curve). Each
-    run gets ``target``, ``time_to_target_s``, ``hit_step`` (the first evaluated step at or
+    ``targets``: each seed's target, from reference runs (:func:`reference_targets`); None: the
+    held-out loss the seed's judged ``none`` run reaches at 90 % of the steps (:func:`own_targets`).
+    Each run gets ``target``, ``time_to_target_s``, ``hit_step`` (the first evaluated step at or
     below it) and ``final_vs_none`` (its final against the median final of ``none`` on its
     seed). Why per seed: the seed sets the initial weights, the data order and the held-out
     samples, so the targets differ (0.318-0.417 over five seeds on the CNN).
     """
     none_by_seed = _by_seed(repeats["none"])
-    targets = {seed: median_high(target_of({"none": r}, phases) for r in runs) for seed, runs in none_by_seed.items()}
+    if targets is None:
+        targets = own_targets(repeats, phases)
     finals = {seed: median_high(r["final_eval"] for r in runs) for seed, runs in none_by_seed.items()}
     for results in repeats.values():
         for result in results:
@@ -118,6 +120,31 @@ def judge_by_seed(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Pha
             result["hit_step"] = _hit_step(result["eval"], result["target"])
             result["final_vs_none"] = round(result["final_eval"] / finals[seed] - 1, 4)
     return targets
+
+
+def own_targets(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Phase]) -> dict[Any, float]:
+    """Each seed's target from its judged ``none`` runs: the held-out loss at 90 % of the steps
+    (the median over the seed's repeats, which repeat the same curve). The issue's first reading;
+    it favours ``none``, which reaches it by construction (:func:`reference_targets`)."""
+    return {seed: median_high(target_of(r["eval"], phases) for r in runs) for seed, runs in _by_seed(repeats["none"]).items()}
+
+
+def reference_targets(references: Sequence[dict[str, Any]], phases: Sequence[Phase]) -> dict[Any, float]:
+    """Each seed's target from reference ``none`` runs: the held-out loss they reach at 90 % of
+    the steps, the median over the seed's references.
+
+    A reference is ``none`` with the seed's initial weights and held-out set and another order
+    of the training samples (``data.shuffle_seed``). Why: a target read off the judged ``none``
+    run is one its own curve meets at 90 % of the steps by construction, where any other
+    trajectory meets it only if its own scatter falls that way. On the CNN ``none``'s curve
+    scatters 0.018-0.025 about its trend and falls 0.001-0.008 over the last 30 steps, so fp16
+    (error 2e-4) missed ``none``'s own target on two seeds of five (``adaptive_seeds``); against
+    a reference every choice, ``none`` included, meets the same draw of the trajectory.
+    """
+    by_seed: dict[Any, list[float]] = {}
+    for reference in references:
+        by_seed.setdefault(reference.get("seed"), []).append(target_of(reference["eval"], phases))
+    return {seed: median_high(values) for seed, values in by_seed.items()}
 
 
 def _by_seed(runs: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
@@ -179,10 +206,10 @@ def is_adaptive(label: str) -> bool:
     return label.startswith(ADAPTIVE)
 
 
-def target_of(runs: dict[str, dict[str, Any]], phases: Sequence[Phase]) -> float:
-    """The held-out loss uncompressed training reaches at 90 % of its steps in this scenario."""
+def target_of(evals: Sequence[Sequence[float]], phases: Sequence[Phase]) -> float:
+    """The held-out loss a curve (rows of ``[step, ..., loss]``) shows at 90 % of the steps."""
     at = round(0.9 * sum(p.steps for p in phases))
-    points = {int(step): loss for step, _, loss in runs["none"]["eval"]}
+    points = {int(row[0]): row[-1] for row in evals}
     if at not in points:
         raise ValueError(f"no evaluation at step {at}: evaluate every {EVAL_EVERY} steps, a divisor of it")
     return points[at]
@@ -421,15 +448,24 @@ def _steps_in(phases: Sequence[Phase], steps: int) -> list[int]:
 
 
 def overall_verdict(doc: dict[str, Any]) -> dict[str, Any]:
-    """Each run's worst ratio to the scenario's best fixed choice (None: missed a target), and
-    the scenarios' switching bounds (:func:`switching_bounds`)."""
+    """Each run's worst ratio to the scenario's best fixed choice (None: missed a target), the
+    same against ``none``'s own targets where the scenarios were judged both ways, and the
+    scenarios' switching bounds (:func:`switching_bounds`)."""
+    out: dict[str, Any] = {"worst_ratio_to_best_fixed": worst_ratios(s["verdict"] for s in doc["scenarios"].values())}
+    own = [s["against_own_none"]["verdict"] for s in doc["scenarios"].values() if "against_own_none" in s]
+    if own:
+        out["worst_ratio_against_own_none"] = worst_ratios(own)
+    out["switching_bound"] = switching_bounds(doc)
+    return out
+
+
+def worst_ratios(verdicts: Iterable[dict[str, Any]]) -> dict[str, float | None]:
+    """Each label's largest ``ratio_to_best`` over the verdicts (None once it missed)."""
     worst: dict[str, float | None] = {}
-    for scenario in doc["scenarios"].values():
-        for label, ratio in scenario["verdict"]["ratio_to_best"].items():
+    for verdict in verdicts:
+        for label, ratio in verdict["ratio_to_best"].items():
             if label not in worst:
                 worst[label] = ratio
             elif worst[label] is not None:
                 worst[label] = None if ratio is None else max(worst[label], ratio)  # type: ignore[type-var]
-    return {"worst_ratio_to_best_fixed": worst, "switching_bound": switching_bounds(doc)}
-
-
+    return worst

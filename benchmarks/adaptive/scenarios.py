@@ -27,6 +27,11 @@ QUICK_SCENARIOS = ("fast-slow-fast",)
 #: a matter of which two; ``--quick`` keeps three to stay within 15 minutes.
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 QUICK_SEEDS = (0, 1, 2)
+#: Reference ``none`` runs a seed, each with another order of the training samples: their
+#: median held-out loss at 90 % of the steps is the seed's target (``results.reference_targets``).
+#: ``--quick`` runs one.
+DEFAULT_REFERENCES = 3
+QUICK_REFERENCES = 1
 #: Held-out evaluation every this many steps (a checkpoint, evaluated after the run).
 EVAL_EVERY = 15
 #: Held-out samples per evaluation (the same for every run and step).
@@ -87,7 +92,13 @@ def train_config(args: argparse.Namespace, compression: dict[str, Any], steps: i
         image_size=args.image_size, seq_len=args.seq_len, steps=steps, lr=args.lr, lr_schedule=args.lr_schedule, workers=2, compression=compression,
         bucket_cap_mb=args.bucket_cap_mb,
         report_interval_s=args.report_interval_s, probe_interval_s=args.probe_interval_s, probe_budget=args.probe_budget,
-        sync_every=args.sync_every, seed=args.seed, **extra,
+        sync_every=args.sync_every, seed=args.seed, shuffle_seed=getattr(args, "shuffle_seed", None), **extra,
     )
+
+
+def reference_shuffle_seed(seed: int, index: int) -> int:
+    """The order of the training samples in a seed's ``index``-th reference run: apart from
+    every judged run's (which is the seed itself) and from every other seed's references."""
+    return seed + 1_000_000 * (index + 1)
 
 

@@ -55,11 +55,12 @@ def sectioned(**changes):
         (spec(data={"batch_size": 8}), ["body"],
          "Value error, batch_size: given twice, flat and as data.batch_size; give it once"),
         (sectioned(optimizer={"name": "lion"}), ["body", "optimizer", "name"], "Input should be 'sgd' or 'adamw'"),
+        (spec(shuffle_seed=-1), ["body", "data", "shuffle_seed"], "Input should be greater than or equal to 0"),
     ],
     ids=["unknown-model", "negative-steps", "rank-0", "extra-field", "extra-nested", "string-for-int",
          "fraction-for-int", "string-for-bool", "huge-steps", "huge-batch", "bad-range", "bad-mode",
          "unknown-compressor", "steps-and-epochs", "section-batch", "section-probing", "flat-probing",
-         "compressor-rank-0", "flat-and-section", "section-optimizer"],
+         "compressor-rank-0", "flat-and-section", "section-optimizer", "negative-shuffle-seed"],
 )
 def test_bad_job_spec_is_422_with_the_field_named(coordinator, body, loc, msg):
     response = httpx.post(f"{coordinator.url}/v1/jobs", json=body)

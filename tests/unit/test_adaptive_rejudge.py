@@ -12,7 +12,7 @@ import torch
 from benchmarks import adaptive
 from benchmarks.adaptive.jobs import JobRun
 from benchmarks.adaptive.rejudge import main, none_scatter
-from benchmarks.adaptive.results import combine_repeats, judge_by_seed, run_result
+from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, reference_targets, run_result
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from planning.config import TrainConfig
 from workers.checkpoint import META_FILE, TRAINER_FILE
@@ -50,8 +50,10 @@ def keep_run(path: Path, cfg: TrainConfig, wobble: float) -> JobRun:
     return JobRun(label=path.name, reports=reports, summary={"final_loss": 1.0})
 
 
-def kept_scenario(keep: Path) -> dict[str, Any]:
-    """Three labels on one seed, kept, and the result the benchmark would have written of them."""
+def kept_scenario(keep: Path, references: int = 0) -> dict[str, Any]:
+    """Three labels on one seed, kept, and the result the benchmark would have written of them;
+    with ``references``, that many reference runs of ``none`` kept as the benchmark keeps them,
+    whose targets judge the result."""
     cfg = job()
     phases = parse_schedule(SCHEDULE)
     held_out = adaptive.HeldOut(cfg, HELD_OUT_SAMPLES)
@@ -62,9 +64,18 @@ def kept_scenario(keep: Path) -> dict[str, Any]:
         run = keep_run(path, cfg, wobble)
         result = {**run_result(run, phases, held_out.curve(path / "checkpoints")), "seed": 0, "foreign_cores": 0.0}
         repeats[label] = [result]
-    judge_by_seed(repeats, phases)
+    kept_references = []
+    for index in range(references):
+        path = keep / "reference" / "150steps" / f"seed0-order{index}" / "none-0"
+        path.mkdir(parents=True)
+        run = keep_run(path, cfg, 0.005 * (index + 1))
+        kept_references.append({"seed": 0, "eval": eval_points(run, held_out.curve(path / "checkpoints"))})
+    judge_by_seed(repeats, phases, reference_targets(kept_references, phases) if kept_references else None)
     runs = {label: combine_repeats(results) for label, results in repeats.items()}
-    return {"scenarios": {"steady": {"schedule_text": SCHEDULE, "runs": runs}}}
+    scenario: dict[str, Any] = {"schedule_text": SCHEDULE, "runs": runs}
+    if kept_references:
+        scenario["target_from"] = "reference none runs"
+    return {"scenarios": {"steady": scenario}}
 
 
 def test_a_larger_held_out_set_keeps_the_benchmarks_samples_first(tmp_path: Path) -> None:
@@ -97,6 +108,30 @@ def test_kept_runs_are_judged_again_at_each_size_reproducing_the_result_at_the_b
     assert own["hit_steps"] == {label: {"0": entry["hit_step"]} for label, entry in
                                 json.loads(result.read_text())["scenarios"]["steady"]["runs"].items()}
     assert "reproduces the result file" in capsys.readouterr().out and out.with_suffix(".md").exists()
+
+
+def test_kept_reference_runs_judge_each_size_a_second_time(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A result judged against reference runs (as the benchmark judges by default) is reproduced
+    by the judgement against the kept references, found under the keep directory; the
+    judgement against ``none``'s own targets comes beside it."""
+    keep = tmp_path / "keep"
+    result = tmp_path / "result.json"
+    stored = kept_scenario(keep, references=3)
+    result.write_text(json.dumps(stored))
+    out = tmp_path / "rejudged.json"
+    assert main([str(result), str(keep), "--samples", str(HELD_OUT_SAMPLES), "--json-out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["references"] == str(keep / "reference")
+    row = doc["scenarios"]["steady"][str(HELD_OUT_SAMPLES)]
+    against = row["against_reference"]
+    assert row["reproduces"] is True
+    assert against["hit_steps"] == {label: {"0": entry["hit_step"]} for label, entry in stored["scenarios"]["steady"]["runs"].items()}
+    assert against["targets_by_seed"] != row["targets_by_seed"]  # the references' median, not none's own value
+    assert row["hit_steps"]["none"]["0"] is not None and row["hit_steps"]["none"]["0"] <= 135
+    assert "against the reference runs' targets" in out.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit):
+        main([str(result), str(keep), "--references", str(tmp_path / "absent")])
+    assert "--references: no directory" in capsys.readouterr().err
 
 
 def test_the_scatter_is_measured_about_a_quadratic_trend() -> None:

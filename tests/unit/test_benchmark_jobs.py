@@ -3,6 +3,8 @@ that shares another's job builder fails here, not after minutes of measuring."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from benchmarks import adaptive, calibration
@@ -41,7 +43,7 @@ def test_every_adaptive_scenario_has_an_evaluation_at_90_percent_of_its_steps() 
     assert list(adaptive.parse_args(["--quick"]).scenarios) == ["fast-slow-fast"]
     runs = {"none": {"eval": [[15 * i, float(i), 2.0 - 0.01 * i] for i in range(1, 21)]}}
     phases = adaptive.parse_schedule(adaptive.SCENARIOS["fast-slow-fast"])
-    assert adaptive.target_of(runs, phases) == 2.0 - 0.01 * 18
+    assert adaptive.target_of(runs["none"]["eval"], phases) == 2.0 - 0.01 * 18
     assert adaptive.time_to_target(runs["none"]["eval"], 1.85) == 15.0
     assert adaptive.time_to_target(runs["none"]["eval"], 1.0) is None
 
@@ -122,6 +124,48 @@ def test_each_run_is_judged_against_its_own_seeds_target_and_ratios_pair_runs_by
     assert verdict["ratio_to_best"]["b"] is None  # missed seed 1, where a reached it: the median is a miss
     assert none_curve_spread(repeats["none"]) is None  # one run per seed: nothing to compare
     assert none_curve_spread(repeats["none"] + [run(1, 0.30, 0.2)]) == 0.0
+
+
+def test_a_reference_target_judges_none_like_every_other_choice() -> None:
+    """Seed 0's judged ``none`` reaches 0.50 at step 270; its three references 0.49, 0.52 and 0.505
+    there. Against their median (0.505) ``none`` and ``a``, whose curve lies 0.003 above
+    ``none``'s, are judged alike; against ``none``'s own target only ``none`` meets it."""
+    from benchmarks.adaptive.results import judge_by_seed, own_targets, reference_targets
+
+    phases = adaptive.parse_schedule("1000:300")
+
+    def curve(level: float) -> list[list[float]]:
+        return [[15 * i, 0.1 * 15 * i, level + 0.01 * max(0, 18 - i)] for i in range(1, 21)]
+
+    def run(level: float) -> dict:
+        evals = curve(level)
+        return {"seed": 0, "eval": evals, "final_eval": evals[-1][2], "total_s": 30.0, "switches": [], "foreign_cores": 0.0}
+
+    references = [{"seed": 0, "eval": curve(level)} for level in (0.49, 0.52, 0.505)]
+    assert reference_targets(references, phases) == {0: 0.505}
+    repeats = {"none": [run(0.50)], "a": [run(0.503)]}
+    assert own_targets(repeats, phases) == {0: 0.50}
+    assert judge_by_seed(repeats, phases, reference_targets(references, phases)) == {0: 0.505}
+    assert [repeats[label][0]["hit_step"] for label in ("none", "a")] == [270, 270]
+    assert repeats["a"][0]["final_vs_none"] == round(0.503 / 0.50 - 1, 4)  # finals: against the judged none
+    judge_by_seed(repeats, phases)
+    assert [repeats[label][0]["hit_step"] for label in ("none", "a")] == [270, None]
+
+
+def test_references_default_to_three_a_seed_one_with_quick_and_are_refused_below_zero(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert adaptive.parse_args([]).references == 3 and adaptive.parse_args(["--quick"]).references == 1
+    assert adaptive.parse_args(["--references", "0"]).references == 0
+    with pytest.raises(SystemExit):
+        adaptive.parse_args(["--references", "-1"])
+    assert "--references: must be >= 0" in capsys.readouterr().err
+    args = adaptive.parse_args(["--seeds", "4"])
+    assert args.shuffle_seed is None and adaptive.train_config(args, {"mode": "fixed"}, 300).shuffle_seed == 4
+    from benchmarks.adaptive.scenarios import reference_shuffle_seed
+    ordered = adaptive.train_config(argparse.Namespace(**{**vars(args), "shuffle_seed": reference_shuffle_seed(4, 1)}),
+                                    {"mode": "fixed"}, 300)
+    assert (ordered.seed, ordered.shuffle_seed) == (4, 2_000_004)
+    assert len({reference_shuffle_seed(seed, k) for seed in range(5) for k in range(3)} | set(range(5))) == 20
 
 
 def test_the_best_fixed_choice_is_one_no_fixed_choice_beats_paired_by_seed() -> None:
