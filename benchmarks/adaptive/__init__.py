@@ -22,8 +22,8 @@ end and evaluations near the target differ by ~0.01.
 Every choice runs once on each of ``--seeds`` (0-4 by default; ``--repeats`` times each),
 each run is judged against its own seed's target (``targets_by_seed``; ``target`` is the first
 seed's), and the run at the median time to target stands for the choice (``repeats`` lists each
-run's figures, ``final_vs_none`` is the median of each run's final against ``none``'s of its
-seed). Why seeds: one seed's trajectory decides the finish near the target (fp16, whose error
+run's figures, ``final_vs_none`` is the median of each run's final against its seed's
+uncompressed final: the median of the seed's judged ``none`` run and its reference runs, below). Why seeds: one seed's trajectory decides the finish near the target (fp16, whose error
 is 2e-4, reached it on three seeds of five, its final −1.1 % to +2.0 % off ``none``'s;
 ``benchmarks/results/adaptive_seeds.md``). With one seed a fixed choice's loss curve repeats
 exactly (``none_curve_spread`` checks it for ``none`` where a seed ran twice; null otherwise),

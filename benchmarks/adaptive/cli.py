@@ -22,7 +22,6 @@ from benchmarks.adaptive.results import (
     judge_by_seed,
     none_curve_spread,
     overall_verdict,
-    reference_targets,
     run_result,
     scenario_verdict,
 )
@@ -107,7 +106,8 @@ def run_references(backend: Backend, args: argparse.Namespace, workdir: Path) ->
     the seed's initial weights and held-out set and another order of the training samples
     (:func:`reference_shuffle_seed`), on the fastest link the scenarios have: ``none``'s
     trajectory does not depend on the link, and these runs' times are not judged. Their held-out
-    loss at 90 % of the steps sets each seed's target (``results.reference_targets``).
+    loss at 90 % of the steps sets each seed's target (``results.reference_targets``), and their
+    finals count in its uncompressed final (``results.uncompressed_finals``).
     Kept as ``workdir/reference/<steps>steps/seed<S>-order<K>/none-0``."""
     totals = sorted({sum(p.steps for p in parse_schedule(text)) for text in args.scenarios.values()})
     fastest = max(p.mbit for text in args.scenarios.values() for p in parse_schedule(text))
@@ -131,11 +131,11 @@ def run_references(backend: Backend, args: argparse.Namespace, workdir: Path) ->
 
 
 def judged_runs(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Phase],
-                targets: dict[Any, float] | None) -> tuple[dict[str, dict[str, Any]], dict[Any, float]]:
-    """Every choice's entry with its runs judged against ``targets`` (None: ``none``'s own),
-    on copies: the same runs are judged both ways."""
+                references: Sequence[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[Any, float]]:
+    """Every choice's entry with its runs judged against the ``references``' targets and finals
+    (none: ``none``'s own), on copies: the same runs are judged both ways."""
     judged = copy.deepcopy(repeats)
-    used = judge_by_seed(judged, phases, targets)
+    used = judge_by_seed(judged, phases, references)
     return {choice: combine_repeats(results) for choice, results in judged.items()}, used
 
 
@@ -144,9 +144,10 @@ def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir:
     """Every choice once per seed (and repeat), in an order that turns each round
     (:func:`round_order`); then the runs judged against each seed's target.
 
-    The target: from the reference runs of ``none`` with this scenario's step count
-    (:func:`run_references`), else ``none``'s own run (``--references 0``). With references the
-    verdict against ``none``'s own target is kept beside (``against_own_none``).
+    The target and the uncompressed final: from the reference runs of ``none`` with this
+    scenario's step count (:func:`run_references`; the final: with the judged ``none`` runs'),
+    else ``none``'s own runs (``--references 0``). With references the verdict against ``none``'s
+    own target and final is kept beside (``against_own_none``).
 
     Why several seeds: one seed's trajectory decides the outcome near the target. On seed 0 fp16,
     whose error is 2e-4, ended 2.0 % above ``none`` and reached the target by one evaluation's
@@ -175,7 +176,7 @@ def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir:
                       f"switches {[(s['to'], s['at_s']) for s in result['switches']]}, foreign load {loads} cores, "
                       f"quality overhead {result['quality_overhead']}", flush=True)
     mine = [r for r in references if r["steps"] == steps]
-    runs, targets = judged_runs(repeats, phases, reference_targets(mine, phases) if mine else None)
+    runs, targets = judged_runs(repeats, phases, mine)
     scenario = {"schedule_text": args.scenarios[name], "schedule": [{"mbit": p.mbit, "steps": p.steps} for p in phases],
                 "seeds": args.seeds, "repeats": args.repeats,
                 "target_from": "reference none runs" if mine else "none's own runs",
@@ -184,7 +185,7 @@ def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir:
     scenario["verdict"] = scenario_verdict(runs)
     if mine:
         scenario["references"] = mine
-        own_runs, own = judged_runs(repeats, phases, None)
+        own_runs, own = judged_runs(repeats, phases, ())
         scenario["against_own_none"] = {"targets_by_seed": {str(seed): t for seed, t in own.items()},
                                         "verdict": scenario_verdict(own_runs),
                                         "hit_steps": {choice: [r["hit_step"] for r in entry["repeats"]]

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.adaptive.jobs import HeldOut, JobRun
-from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, reference_targets, scenario_verdict
+from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, scenario_verdict
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from benchmarks.outputs import write_whole
 from planning.config import TrainConfig
@@ -130,12 +130,12 @@ def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Seq
     stored_from_reference = scenario.get("target_from") == "reference none runs"
     by_size: dict[str, Any] = {}
     for n in sizes:
-        own, judged = judgement(runs, n, phases, None)
+        own, judged = judgement(runs, n, phases, ())
         by_size[str(n)] = own
         against = None
         if reference_curves:
-            targets = reference_targets([{"seed": seed, "eval": curves[n]} for seed, curves in reference_curves], phases)
-            own["against_reference"], against = judgement(runs, n, phases, targets)
+            references = [{"seed": seed, "eval": curves[n], "final_eval": curves[n][-1][2]} for seed, curves in reference_curves]
+            own["against_reference"], against = judgement(runs, n, phases, references)
         if n == HELD_OUT_SAMPLES:
             matching = against if stored_from_reference else judged
             if matching is not None:
@@ -146,9 +146,9 @@ def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Seq
 
 
 def judgement(runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[float]]]]]], n: int,
-              phases: Sequence[Any], targets: dict[Any, float] | None) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """The runs on ``n`` held-out samples judged against ``targets`` (None: ``none``'s own) by the
-    benchmark's rules: the figures a size's row shows, and the judged runs."""
+              phases: Sequence[Any], references: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The runs on ``n`` held-out samples judged against the ``references`` (none: ``none``'s own)
+    by the benchmark's rules: the figures a size's row shows, and the judged runs."""
     judged: dict[str, list[dict[str, Any]]] = {}
     for label, pairs in runs.items():
         judged[label] = []
@@ -156,7 +156,7 @@ def judgement(runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[flo
             result = {**copy.deepcopy(stored), "eval": curves[n], "final_eval": curves[n][-1][2]}
             result["switches"] = stored["switches"] if isinstance(stored.get("switches"), list) else []
             judged[label].append(result)
-    used = judge_by_seed(judged, phases, targets)
+    used = judge_by_seed(judged, phases, references)
     entries = {label: combine_repeats(results) for label, results in judged.items()}
     verdict = scenario_verdict(entries)
     return {

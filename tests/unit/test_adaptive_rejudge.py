@@ -12,7 +12,7 @@ import torch
 from benchmarks import adaptive
 from benchmarks.adaptive.jobs import JobRun
 from benchmarks.adaptive.rejudge import main, none_scatter
-from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, reference_targets, run_result
+from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, run_result
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from planning.config import TrainConfig
 from workers.checkpoint import META_FILE, TRAINER_FILE
@@ -69,8 +69,9 @@ def kept_scenario(keep: Path, references: int = 0) -> dict[str, Any]:
         path = keep / "reference" / "150steps" / f"seed0-order{index}" / "none-0"
         path.mkdir(parents=True)
         run = keep_run(path, cfg, 0.005 * (index + 1))
-        kept_references.append({"seed": 0, "eval": eval_points(run, held_out.curve(path / "checkpoints"))})
-    judge_by_seed(repeats, phases, reference_targets(kept_references, phases) if kept_references else None)
+        evals = eval_points(run, held_out.curve(path / "checkpoints"))
+        kept_references.append({"seed": 0, "eval": evals, "final_eval": evals[-1][2]})
+    judge_by_seed(repeats, phases, kept_references)
     runs = {label: combine_repeats(results) for label, results in repeats.items()}
     scenario: dict[str, Any] = {"schedule_text": SCHEDULE, "runs": runs}
     if kept_references:
@@ -127,6 +128,8 @@ def test_kept_reference_runs_judge_each_size_a_second_time(tmp_path: Path, capsy
     assert row["reproduces"] is True
     assert against["hit_steps"] == {label: {"0": entry["hit_step"]} for label, entry in stored["scenarios"]["steady"]["runs"].items()}
     assert against["targets_by_seed"] != row["targets_by_seed"]  # the references' median, not none's own value
+    assert row["final_vs_none"]["none"] == 0.0 and against["final_vs_none"] == {
+        label: entry["final_vs_none"] for label, entry in stored["scenarios"]["steady"]["runs"].items()}
     assert row["hit_steps"]["none"]["0"] is not None and row["hit_steps"]["none"]["0"] <= 135
     assert "against the reference runs' targets" in out.with_suffix(".md").read_text()
     with pytest.raises(SystemExit):

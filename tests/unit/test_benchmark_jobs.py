@@ -129,8 +129,9 @@ def test_each_run_is_judged_against_its_own_seeds_target_and_ratios_pair_runs_by
 def test_a_reference_target_judges_none_like_every_other_choice() -> None:
     """Seed 0's judged ``none`` reaches 0.50 at step 270; its three references 0.49, 0.52 and 0.505
     there. Against their median (0.505) ``none`` and ``a``, whose curve lies 0.003 above
-    ``none``'s, are judged alike; against ``none``'s own target only ``none`` meets it."""
-    from benchmarks.adaptive.results import judge_by_seed, own_targets, reference_targets
+    ``none``'s, are judged alike; against ``none``'s own target only ``none`` meets it. The
+    uncompressed final is the median over the judged ``none`` and the references."""
+    from benchmarks.adaptive.results import judge_by_seed, own_targets, reference_targets, uncompressed_finals
 
     phases = adaptive.parse_schedule("1000:300")
 
@@ -141,15 +142,18 @@ def test_a_reference_target_judges_none_like_every_other_choice() -> None:
         evals = curve(level)
         return {"seed": 0, "eval": evals, "final_eval": evals[-1][2], "total_s": 30.0, "switches": [], "foreign_cores": 0.0}
 
-    references = [{"seed": 0, "eval": curve(level)} for level in (0.49, 0.52, 0.505)]
+    references = [{"seed": 0, "eval": curve(level), "final_eval": level} for level in (0.49, 0.52, 0.505)]
     assert reference_targets(references, phases) == {0: 0.505}
     repeats = {"none": [run(0.50)], "a": [run(0.503)]}
     assert own_targets(repeats, phases) == {0: 0.50}
-    assert judge_by_seed(repeats, phases, reference_targets(references, phases)) == {0: 0.505}
+    assert uncompressed_finals(repeats["none"], references) == {0: 0.505}  # of 0.49, 0.50, 0.505, 0.52
+    assert judge_by_seed(repeats, phases, references) == {0: 0.505}
     assert [repeats[label][0]["hit_step"] for label in ("none", "a")] == [270, 270]
-    assert repeats["a"][0]["final_vs_none"] == round(0.503 / 0.50 - 1, 4)  # finals: against the judged none
+    assert [repeats[label][0]["final_vs_none"] for label in ("none", "a")] == [round(0.50 / 0.505 - 1, 4),
+                                                                              round(0.503 / 0.505 - 1, 4)]
     judge_by_seed(repeats, phases)
     assert [repeats[label][0]["hit_step"] for label in ("none", "a")] == [270, None]
+    assert [repeats[label][0]["final_vs_none"] for label in ("none", "a")] == [0.0, round(0.503 / 0.50 - 1, 4)]
 
 
 def test_references_default_to_three_a_seed_one_with_quick_and_are_refused_below_zero(
