@@ -98,10 +98,13 @@ def kept_references(references: Path, steps: int) -> list[tuple[Any, Path, JobRu
 
 
 def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Sequence[int],
-                     references: Path | None = None) -> dict[str, Any]:
+                     references: Path | None = None,
+                     evaluated: dict[Path, dict[int, list[list[float]]]] | None = None) -> dict[str, Any]:
     """Every kept run of ``scenario`` evaluated at each of ``sizes`` and judged per size against
     ``none``'s own targets and, where ``references`` holds kept reference runs of the scenario's
-    step count, against theirs (``against_reference``)."""
+    step count, against theirs (``against_reference``). ``evaluated``: reference curves already
+    evaluated, by directory (every scenario of a step count shares its references)."""
+    evaluated = {} if evaluated is None else evaluated
     phases = parse_schedule(scenario["schedule_text"])
     repeats_of = {label: entry.get("repeats") or [entry] for label, entry in scenario["runs"].items()}
     held_outs: dict[Any, HeldOut] = {}
@@ -125,8 +128,10 @@ def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Seq
     reference_curves: list[tuple[Any, dict[int, list[list[float]]]]] = []
     for seed, path, run in kept_references(references, sum(p.steps for p in phases)) if references else []:
         if seed in held_outs:
-            reference_curves.append((seed, evaluate(path, run, sizes, held_out(seed, path))))
-            print(f"[rejudge] {name} reference seed {seed}: {path}", flush=True)
+            if path not in evaluated:
+                evaluated[path] = evaluate(path, run, sizes, held_out(seed, path))
+                print(f"[rejudge] reference seed {seed}: {path}", flush=True)
+            reference_curves.append((seed, evaluated[path]))
     stored_from_reference = scenario.get("target_from") == "reference none runs"
     by_size: dict[str, Any] = {}
     for n in sizes:
@@ -236,9 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = sorted(set(args.samples))
     doc: dict[str, Any] = {"result": str(args.result), "keep": str(args.keep), "samples": sizes, "scenarios": {},
                            "references": None if args.references is None else str(args.references)}
+    evaluated: dict[Path, dict[int, list[list[float]]]] = {}
     try:
         for name in names:
-            doc["scenarios"][name] = rejudge_scenario(name, scenarios[name], args.keep, sizes, args.references)
+            doc["scenarios"][name] = rejudge_scenario(name, scenarios[name], args.keep, sizes, args.references, evaluated)
     except (OSError, ValueError) as exc:
         print(f"cannot judge the kept runs again: {exc}", file=sys.stderr)
         return 2

@@ -118,10 +118,14 @@ def test_kept_reference_runs_judge_each_size_a_second_time(tmp_path: Path, capsy
     keep = tmp_path / "keep"
     result = tmp_path / "result.json"
     stored = kept_scenario(keep, references=3)
+    stored["scenarios"]["steady-again"] = stored["scenarios"]["steady"]  # a second scenario on the same references
+    (keep / "steady-again").symlink_to(keep / "steady")
     result.write_text(json.dumps(stored))
     out = tmp_path / "rejudged.json"
     assert main([str(result), str(keep), "--samples", str(HELD_OUT_SAMPLES), "--json-out", str(out)]) == 0
+    assert capsys.readouterr().out.count("[rejudge] reference seed 0") == 3  # evaluated once for both scenarios
     doc = json.loads(out.read_text())
+    assert doc["scenarios"]["steady-again"] == doc["scenarios"]["steady"]
     assert doc["references"] == str(keep / "reference")
     row = doc["scenarios"]["steady"][str(HELD_OUT_SAMPLES)]
     against = row["against_reference"]
