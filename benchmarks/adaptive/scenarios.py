@@ -98,7 +98,8 @@ def train_config(args: argparse.Namespace, compression: dict[str, Any], steps: i
 
 def reference_shuffle_seed(seed: int, index: int) -> int:
     """The order of the training samples in a seed's ``index``-th reference run: apart from
-    every judged run's (which is the seed itself) and from every other seed's references."""
-    return seed + 1_000_000 * (index + 1)
+    every judged run's (which is the seed itself) and from every other seed's references (for
+    seeds below a million), within a job seed's range."""
+    return (seed + 1_000_000 * (index + 1)) % 2**31
 
 

@@ -170,6 +170,9 @@ def test_references_default_to_three_a_seed_one_with_quick_and_are_refused_below
                                     {"mode": "fixed"}, 300)
     assert (ordered.seed, ordered.shuffle_seed) == (4, 2_000_004)
     assert len({reference_shuffle_seed(seed, k) for seed in range(5) for k in range(3)} | set(range(5))) == 20
+    top = 2**31 - 1
+    assert adaptive.train_config(argparse.Namespace(**{**vars(args), "seed": top, "shuffle_seed": reference_shuffle_seed(top, 2)}),
+                                 {"mode": "fixed"}, 300).shuffle_seed == 3_000_000 - 1
 
 
 def test_the_best_fixed_choice_is_one_no_fixed_choice_beats_paired_by_seed() -> None:
