@@ -24,6 +24,7 @@ from benchmarks.adaptive.results import (
     overall_verdict,
     run_result,
     scenario_verdict,
+    target_of,
 )
 from benchmarks.adaptive.scenarios import (
     ADAPTIVE,
@@ -125,8 +126,7 @@ def run_references(backend: Backend, args: argparse.Namespace, workdir: Path) ->
                 out.append({"seed": seed, "shuffle_seed": order, "steps": steps, "eval": evals, "final_eval": evals[-1][2],
                             "foreign_cores": run.foreign_cores})
                 print(f"[adaptive] reference none (seed {seed}, order {order}, {steps} steps): held-out "
-                      f"{dict((int(e[0]), e[2]) for e in evals).get(round(0.9 * steps))} at 90 %, final {evals[-1][2]:.4f}",
-                      flush=True)
+                      f"{target_of(evals, [Phase(fastest, steps)])} at 90 %, final {evals[-1][2]:.4f}", flush=True)
     return out
 
 

@@ -133,10 +133,7 @@ def uncompressed_finals(none_runs: Sequence[dict[str, Any]], references: Sequenc
     even count is the mean of the middle two (the judged run and three references are four;
     the upper one of them judged every run of session 36 1 % better than the middle).
     """
-    by_seed: dict[Any, list[float]] = {}
-    for run in [*none_runs, *references]:
-        by_seed.setdefault(run.get("seed"), []).append(run["final_eval"])
-    return {seed: median(values) for seed, values in by_seed.items()}
+    return {seed: median(r["final_eval"] for r in runs) for seed, runs in _by_seed([*none_runs, *references]).items()}
 
 
 def own_targets(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Phase]) -> dict[Any, float]:
@@ -159,10 +156,7 @@ def reference_targets(references: Sequence[dict[str, Any]], phases: Sequence[Pha
     a reference every choice, ``none`` included, meets the same draw of the trajectory. (An even
     count's median is the mean of the middle two.)
     """
-    by_seed: dict[Any, list[float]] = {}
-    for reference in references:
-        by_seed.setdefault(reference.get("seed"), []).append(target_of(reference["eval"], phases))
-    return {seed: median(values) for seed, values in by_seed.items()}
+    return {seed: median(target_of(r["eval"], phases) for r in runs) for seed, runs in _by_seed(references).items()}
 
 
 def _by_seed(runs: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
