@@ -16,12 +16,16 @@ and how the per-seed hits and the ratios move with it.
 
 With kept reference runs of ``none`` (``--references``; the benchmark keeps its own under
 ``DIR/reference``) each N is judged a second time, against the references' targets
-(``against_reference``).
+(``against_reference``). ``--also RESULT2 DIR2`` (repeatable) adds another run of the benchmark on
+other seeds: each scenario's runs of both are judged together, as one run on all the seeds would be.
+
+    python -m benchmarks.adaptive.rejudge RESULT.json DIR --also RESULT2.json DIR2 --samples 512 --json-out OUT.json
 
 Per N and scenario: the best fixed choice, each label's ratio to it, each label's hit step per
 seed, each label's final against ``none``'s, and the scatter of each seed's ``none`` curve about a
-quadratic trend over steps 150-300 (``none_scatter``). At the benchmark's own N the judgement
-must reproduce the result file's (``reproduces``: every run's time to target as stored).
+quadratic trend over steps 150-300 (``none_scatter``); each label's worst ratio over the scenarios
+(``worst_ratio``). At the benchmark's own N the judgement the files were judged by must reproduce
+them (``reproduces``, on that judgement's row: every run's time to target as stored).
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.adaptive.jobs import HeldOut, JobRun
-from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, scenario_verdict
+from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, scenario_verdict, worst_ratios
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from benchmarks.outputs import write_whole
 from planning.config import TrainConfig
@@ -97,16 +102,34 @@ def kept_references(references: Path, steps: int) -> list[tuple[Any, Path, JobRu
     return out
 
 
-def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Sequence[int],
-                     references: Path | None = None,
+@dataclass(frozen=True)
+class Source:
+    """One run of the benchmark: its result file's scenarios, the directory it kept its runs in,
+    and its kept reference runs of ``none`` (None: judged against ``none``'s own targets only)."""
+
+    result: Path
+    scenarios: dict[str, Any]
+    keep: Path
+    references: Path | None
+
+
+def rejudge_scenario(name: str, sources: Sequence[Source], sizes: Sequence[int],
                      evaluated: dict[Path, dict[int, list[list[float]]]] | None = None) -> dict[str, Any]:
-    """Every kept run of ``scenario`` evaluated at each of ``sizes`` and judged per size against
-    ``none``'s own targets and, where ``references`` holds kept reference runs of the scenario's
-    step count, against theirs (``against_reference``). ``evaluated``: reference curves already
-    evaluated, by directory (every scenario of a step count shares its references)."""
+    """Every kept run of scenario ``name`` in the ``sources`` that have it, evaluated at each of
+    ``sizes`` and judged together per size against ``none``'s own targets and, where every such
+    source kept reference runs of the scenario's step count, against theirs
+    (``against_reference``). ``evaluated``: reference curves already evaluated, by directory
+    (every scenario of a step count shares its references).
+
+    Several sources: runs of the same scenario on other seeds (each seed's target and
+    uncompressed final come from its own runs, so a run's figures do not change; only the
+    medians over seeds do). Why: eight seeds know a median final to about ±1 %, the criterion's
+    own margin, and a later run on fresh seeds adds to an earlier one instead of replacing it."""
     evaluated = {} if evaluated is None else evaluated
+    mine = [source for source in sources if name in source.scenarios]
+    scenario = mine[0].scenarios[name]
     phases = parse_schedule(scenario["schedule_text"])
-    repeats_of = {label: entry.get("repeats") or [entry] for label, entry in scenario["runs"].items()}
+    _check_mergeable(name, mine)
     held_outs: dict[Any, HeldOut] = {}
 
     def held_out(seed: Any, path: Path) -> HeldOut:
@@ -116,23 +139,31 @@ def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Seq
         return held_outs[seed]
 
     runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[float]]]]]] = {}
-    for label, repeats in repeats_of.items():
-        runs[label] = []
-        seen: dict[Any, int] = {}
-        for stored in repeats:
-            seed = stored.get("seed")
-            index = seen[seed] = seen.get(seed, -1) + 1
-            path, run = kept_run(keep, name, seed, index, label, stored["total_s"])
-            runs[label].append((stored, evaluate(path, run, sizes, held_out(seed, path))))
-            print(f"[rejudge] {name} {label} seed {seed} run {index + 1}: {path}", flush=True)
     reference_curves: list[tuple[Any, dict[int, list[list[float]]]]] = []
-    for seed, path, run in kept_references(references, sum(p.steps for p in phases)) if references else []:
-        if seed in held_outs:
-            if path not in evaluated:
-                evaluated[path] = evaluate(path, run, sizes, held_out(seed, path))
-                print(f"[rejudge] reference seed {seed}: {path}", flush=True)
-            reference_curves.append((seed, evaluated[path]))
-    stored_from_reference = scenario.get("target_from") == "reference none runs"
+    for source in mine:
+        seeds_here = set()
+        for label, entry in source.scenarios[name]["runs"].items():
+            runs.setdefault(label, [])
+            seen: dict[Any, int] = {}
+            for stored in entry.get("repeats") or [entry]:
+                seed = stored.get("seed")
+                seeds_here.add(seed)
+                index = seen[seed] = seen.get(seed, -1) + 1
+                path, run = kept_run(source.keep, name, seed, index, label, stored["total_s"])
+                runs[label].append((stored, evaluate(path, run, sizes, held_out(seed, path))))
+                print(f"[rejudge] {name} {label} seed {seed} run {index + 1}: {path}", flush=True)
+        steps = sum(p.steps for p in phases)
+        for seed, path, run in kept_references(source.references, steps) if source.references else []:
+            if seed in seeds_here:
+                if path not in evaluated:
+                    evaluated[path] = evaluate(path, run, sizes, held_out(seed, path))
+                    print(f"[rejudge] reference seed {seed}: {path}", flush=True)
+                reference_curves.append((seed, evaluated[path]))
+    judged_seeds = {stored.get("seed") for pairs in runs.values() for stored, _ in pairs}
+    if reference_curves and {seed for seed, _ in reference_curves} != judged_seeds:
+        print(f"[rejudge] {name}: some seeds have no kept references; judged against none's own targets only", flush=True)
+        reference_curves = []
+    targets_from = {source.scenarios[name].get("target_from") == "reference none runs" for source in mine}
     by_size: dict[str, Any] = {}
     for n in sizes:
         own, judged = judgement(runs, n, phases, ())
@@ -141,13 +172,32 @@ def rejudge_scenario(name: str, scenario: dict[str, Any], keep: Path, sizes: Seq
         if reference_curves:
             references = [{"seed": seed, "eval": curves[n], "final_eval": curves[n][-1][2]} for seed, curves in reference_curves]
             own["against_reference"], against = judgement(runs, n, phases, references)
-        if n == HELD_OUT_SAMPLES:
-            matching = against if stored_from_reference else judged
-            if matching is not None:
+        if n == HELD_OUT_SAMPLES and len(targets_from) == 1:  # as every source's file was judged
+            matching, row = (against, own.get("against_reference")) if targets_from == {True} else (judged, own)
+            if matching is not None and row is not None:  # on the row of the judgement the files were judged by
                 stored_times = [r["time_to_target_s"] for label in runs for r, _ in runs[label]]
                 new_times = [r["time_to_target_s"] for label in matching for r in matching[label]]
-                own["reproduces"] = all(_same_time(a, b) for a, b in zip(stored_times, new_times))
+                row["reproduces"] = all(_same_time(a, b) for a, b in zip(stored_times, new_times))
     return by_size
+
+
+def _check_mergeable(name: str, sources: Sequence[Source]) -> None:
+    """Runs of scenario ``name`` from several sources are judged together only where they ran the
+    same schedule with the same labels on different seeds (a ValueError naming the files if not)."""
+    first = sources[0]
+    seeds_of: dict[Any, Path] = {}
+    for source in sources:
+        scenario = source.scenarios[name]
+        if scenario["schedule_text"] != first.scenarios[name]["schedule_text"]:
+            raise ValueError(f"{name}: {source.result} ran {scenario['schedule_text']!r}, "
+                             f"{first.result} {first.scenarios[name]['schedule_text']!r}")
+        if set(scenario["runs"]) != set(first.scenarios[name]["runs"]):
+            raise ValueError(f"{name}: {source.result} ran {sorted(scenario['runs'])}, {first.result} {sorted(first.scenarios[name]['runs'])}")
+        seeds = {stored.get("seed") for entry in scenario["runs"].values() for stored in entry.get("repeats") or [entry]}
+        for seed in seeds:
+            if seed in seeds_of:
+                raise ValueError(f"{name}: seed {seed} is in both {seeds_of[seed]} and {source.result}")
+            seeds_of[seed] = source.result
 
 
 def judgement(runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[float]]]]]], n: int,
@@ -187,6 +237,12 @@ def markdown(doc: dict[str, Any]) -> str:
         against = {n: row["against_reference"] for n, row in by_size.items() if "against_reference" in row}
         if against:
             lines += _table(f"**{name}**, against the reference runs' targets", against)
+    for n, worst in doc.get("worst_ratio", {}).items():
+        for key, title in (("against_reference", "against the reference runs' targets"), ("own", "against `none`'s own targets")):
+            if key in worst:
+                ratios = ", ".join(f"{label} {'miss' if r is None else f'{r:.3f}'}" for label, r in worst[key].items())
+                lines.append(f"Worst ratio over the scenarios, {n} held-out samples, {title}: {ratios}")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -212,42 +268,72 @@ def _table(title: str, by_size: dict[str, Any]) -> list[str]:
     return lines
 
 
+def read_source(result: Path, keep: Path, references: Path | None = None) -> Source:
+    """A run of the benchmark to judge again: ``references`` default to ``KEEP/reference`` where
+    it exists. OSError, ValueError or KeyError where the result is not one of the benchmark's."""
+    if references is None and (keep / "reference").is_dir():
+        references = keep / "reference"
+    return Source(result=result, scenarios=json.loads(result.read_text())["scenarios"], keep=keep, references=references)
+
+
+def worst_by_size(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Each label's worst ratio over the scenarios, per held-out size: against ``none``'s own
+    targets and, where every scenario was judged against references too, against theirs."""
+    sizes = next(iter(scenarios.values())).keys() if scenarios else []
+    out: dict[str, Any] = {}
+    for n in sizes:
+        rows = [by_size[n] for by_size in scenarios.values()]
+        out[n] = {"own": worst_ratios(rows)}
+        if all("against_reference" in row for row in rows):
+            out[n]["against_reference"] = worst_ratios(row["against_reference"] for row in rows)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.adaptive.rejudge", description=__doc__.split("\n\n")[0])
     parser.add_argument("result", type=Path, help="the benchmark's --json-out of the kept runs")
     parser.add_argument("keep", type=Path, help="the benchmark's --keep directory of the same runs")
+    parser.add_argument("--also", nargs=2, action="append", type=Path, default=[], metavar=("RESULT", "KEEP"),
+                        help="another run of the benchmark on other seeds (its result and --keep directory; "
+                             "its references under KEEP/reference): its runs of the same scenarios are judged "
+                             "together with the first's")
     parser.add_argument("--samples", type=int, nargs="+", default=[HELD_OUT_SAMPLES, 4 * HELD_OUT_SAMPLES])
     parser.add_argument("--scenario", action="append", default=None, help="only these scenarios (default: every one kept)")
     parser.add_argument("--references", type=Path, default=None,
-                        help="kept reference runs of none (default: KEEP/reference where it exists); each "
-                             "size is judged against their targets too")
+                        help="kept reference runs of none of the first result (default: KEEP/reference where it "
+                             "exists); each size is judged against their targets too")
     parser.add_argument("--json-out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.references is None and (args.keep / "reference").is_dir():
-        args.references = args.keep / "reference"
     if args.references is not None and not args.references.is_dir():
         parser.error(f"--references: no directory {args.references}")
     if any(n < 1 for n in args.samples):
         parser.error("--samples: every size must be >= 1")
-    try:
-        scenarios = json.loads(args.result.read_text())["scenarios"]
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"cannot read {args.result} as a result of benchmarks.adaptive: {exc}", file=sys.stderr)
-        return 2
-    names = [name for name in scenarios if (args.keep / name).is_dir() and (args.scenario is None or name in args.scenario)]
+    sources: list[Source] = []
+    for result, keep in [(args.result, args.keep), *map(tuple, args.also)]:
+        try:
+            sources.append(read_source(result, keep, args.references if not sources else None))
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"cannot read {result} as a result of benchmarks.adaptive: {exc}", file=sys.stderr)
+            return 2
+    first = sources[0]
+    names = [name for name in first.scenarios if (first.keep / name).is_dir() and (args.scenario is None or name in args.scenario)]
     if not names:
         print(f"no scenario of {args.result} is kept under {args.keep}", file=sys.stderr)
         return 2
     sizes = sorted(set(args.samples))
     doc: dict[str, Any] = {"result": str(args.result), "keep": str(args.keep), "samples": sizes, "scenarios": {},
-                           "references": None if args.references is None else str(args.references)}
+                           "references": None if first.references is None else str(first.references)}
+    if args.also:
+        doc["also"] = [{"result": str(s.result), "keep": str(s.keep), "references": None if s.references is None else str(s.references)}
+                       for s in sources[1:]]
     evaluated: dict[Path, dict[int, list[list[float]]]] = {}
     try:
         for name in names:
-            doc["scenarios"][name] = rejudge_scenario(name, scenarios[name], args.keep, sizes, args.references, evaluated)
+            doc["scenarios"][name] = rejudge_scenario(name, sources, sizes, evaluated)
     except (OSError, ValueError) as exc:
         print(f"cannot judge the kept runs again: {exc}", file=sys.stderr)
         return 2
+    doc["worst_ratio"] = worst_by_size(doc["scenarios"])
     table = markdown(doc)
     print(table)
     if args.json_out:

@@ -33,6 +33,7 @@ def keep_run(path: Path, cfg: TrainConfig, wobble: float) -> JobRun:
     checkpoints (:data:`CHECKPOINTS`). The CNN's logits shrink with the step, so the held-out loss falls
     (towards ln 10); ``wobble`` perturbs the weights, so runs differ."""
     generator = torch.Generator().manual_seed(int(wobble * 1000))
+    torch.manual_seed(cfg.seed)  # the seed's initial weights, as a job draws them: the same kept runs again are the same
     model = build_model(cfg.model.name, **input_spec(cfg.model.name, "synthetic"))
     base = {k: v.clone() for k, v in model.state_dict().items()}
     for step in CHECKPOINTS:
@@ -50,30 +51,31 @@ def keep_run(path: Path, cfg: TrainConfig, wobble: float) -> JobRun:
     return JobRun(label=path.name, reports=reports, summary={"final_loss": 1.0})
 
 
-def kept_scenario(keep: Path, references: int = 0) -> dict[str, Any]:
-    """Three labels on one seed, kept, and the result the benchmark would have written of them;
-    with ``references``, that many reference runs of ``none`` kept as the benchmark keeps them,
-    whose targets judge the result."""
-    cfg = job()
-    phases = parse_schedule(SCHEDULE)
-    held_out = adaptive.HeldOut(cfg, HELD_OUT_SAMPLES)
+def kept_scenario(keep: Path, references: int = 0, seeds: tuple[int, ...] = (0,), schedule: str = SCHEDULE) -> dict[str, Any]:
+    """Three labels on each of ``seeds``, kept, and the result the benchmark would have written
+    of them; with ``references``, that many reference runs of ``none`` a seed kept as the
+    benchmark keeps them, whose targets judge the result."""
+    phases = parse_schedule(schedule)
     repeats: dict[str, list[dict[str, Any]]] = {}
-    for label, wobble in (("none", 0.0), ("fp16", 0.01), ("adaptive", 0.02)):
-        path = keep / "steady" / "seed0-repeat0" / f"{label}-0"
-        path.mkdir(parents=True)
-        run = keep_run(path, cfg, wobble)
-        result = {**run_result(run, phases, held_out.curve(path / "checkpoints")), "seed": 0, "foreign_cores": 0.0}
-        repeats[label] = [result]
     kept_references = []
-    for index in range(references):
-        path = keep / "reference" / "150steps" / f"seed0-order{index}" / "none-0"
-        path.mkdir(parents=True)
-        run = keep_run(path, cfg, 0.005 * (index + 1))
-        evals = eval_points(run, held_out.curve(path / "checkpoints"))
-        kept_references.append({"seed": 0, "eval": evals, "final_eval": evals[-1][2]})
+    for seed in seeds:
+        cfg = job(seed)
+        held_out = adaptive.HeldOut(cfg, HELD_OUT_SAMPLES)
+        for label, wobble in (("none", 0.0), ("fp16", 0.01), ("adaptive", 0.02)):
+            path = keep / "steady" / f"seed{seed}-repeat0" / f"{label}-0"
+            path.mkdir(parents=True)
+            run = keep_run(path, cfg, wobble)
+            result = {**run_result(run, phases, held_out.curve(path / "checkpoints")), "seed": seed, "foreign_cores": 0.0}
+            repeats.setdefault(label, []).append(result)
+        for index in range(references):
+            path = keep / "reference" / "150steps" / f"seed{seed}-order{index}" / "none-0"
+            path.mkdir(parents=True)
+            run = keep_run(path, cfg, 0.005 * (index + 1))
+            evals = eval_points(run, held_out.curve(path / "checkpoints"))
+            kept_references.append({"seed": seed, "eval": evals, "final_eval": evals[-1][2]})
     judge_by_seed(repeats, phases, kept_references)
     runs = {label: combine_repeats(results) for label, results in repeats.items()}
-    scenario: dict[str, Any] = {"schedule_text": SCHEDULE, "runs": runs}
+    scenario: dict[str, Any] = {"schedule_text": schedule, "runs": runs}
     if kept_references:
         scenario["target_from"] = "reference none runs"
     return {"scenarios": {"steady": scenario}}
@@ -129,7 +131,7 @@ def test_kept_reference_runs_judge_each_size_a_second_time(tmp_path: Path, capsy
     assert doc["references"] == str(keep / "reference")
     row = doc["scenarios"]["steady"][str(HELD_OUT_SAMPLES)]
     against = row["against_reference"]
-    assert row["reproduces"] is True
+    assert against["reproduces"] is True and "reproduces" not in row  # on the row of the judgement the file was judged by
     assert against["hit_steps"] == {label: {"0": entry["hit_step"]} for label, entry in stored["scenarios"]["steady"]["runs"].items()}
     assert against["targets_by_seed"] != row["targets_by_seed"]  # the references' median, not none's own value
     assert row["final_vs_none"]["none"] == 0.0 and against["final_vs_none"] == {
@@ -139,6 +141,34 @@ def test_kept_reference_runs_judge_each_size_a_second_time(tmp_path: Path, capsy
     with pytest.raises(SystemExit):
         main([str(result), str(keep), "--references", str(tmp_path / "absent")])
     assert "--references: no directory" in capsys.readouterr().err
+
+
+def test_runs_on_other_seeds_are_judged_together_as_if_one_run_had_made_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--also``: a second run of the benchmark on other seeds adds its runs and references to
+    the first's; the judgement is the one of a single run on all the seeds."""
+    files = {}
+    for name, seeds in (("first", (0,)), ("second", (1,)), ("both", (0, 1))):
+        files[name] = (tmp_path / f"{name}.json", tmp_path / name)
+        files[name][0].write_text(json.dumps(kept_scenario(files[name][1], references=1, seeds=seeds)))
+    together, single = tmp_path / "together.json", tmp_path / "single.json"
+    size = str(HELD_OUT_SAMPLES)
+    assert main([*map(str, files["first"]), "--also", *map(str, files["second"]), "--samples", size, "--json-out", str(together)]) == 0
+    assert main([*map(str, files["both"]), "--samples", size, "--json-out", str(single)]) == 0
+    merged, whole = json.loads(together.read_text()), json.loads(single.read_text())
+    assert merged["scenarios"] == whole["scenarios"] and merged["worst_ratio"] == whole["worst_ratio"]
+    row = merged["scenarios"]["steady"][size]
+    assert set(row["against_reference"]["hit_steps"]["none"]) == {"0", "1"} and row["against_reference"]["reproduces"] is True
+    assert merged["also"] == [{"result": str(files["second"][0]), "keep": str(files["second"][1]),
+                               "references": str(files["second"][1] / "reference")}]
+    assert "Worst ratio over the scenarios, 512 held-out samples, against the reference runs' targets" in together.with_suffix(".md").read_text()
+    capsys.readouterr()
+    assert main([*map(str, files["first"]), "--also", *map(str, files["both"])]) == 2  # seed 0 twice
+    assert "seed 0 is in both" in capsys.readouterr().err
+    other = tmp_path / "other.json", tmp_path / "other"
+    other[0].write_text(json.dumps(kept_scenario(other[1], seeds=(2,), schedule="1000:75,100:75")))
+    assert main([*map(str, files["first"]), "--also", *map(str, other)]) == 2
+    assert "ran '1000:75,100:75'" in capsys.readouterr().err
 
 
 def test_the_scatter_is_measured_about_a_quadratic_trend() -> None:
