@@ -77,7 +77,6 @@ public interface. The lock, the quiet-wait and the foreign load are :mod:`benchm
 
 from benchmarks.adaptive.cli import compression_of, parse_args, write_results
 from benchmarks.adaptive.jobs import HeldOut, JobRun, cap_gso, run_job
-from benchmarks.adaptive.results import target_of, time_to_target
 from benchmarks.adaptive.scenarios import (
     ADAPTIVE,
     FIXED_CHOICES,
@@ -89,6 +88,7 @@ from benchmarks.adaptive.scenarios import (
     parse_schedule,
     train_config,
 )
+from benchmarks.adaptive.targets import target_of, time_to_target
 
 __all__ = [
     "ADAPTIVE", "FIXED_CHOICES", "SCENARIOS", "HeldOut", "JobRun", "Phase", "boundaries", "cap_gso", "compression_of",

@@ -19,12 +19,10 @@ from benchmarks.adaptive.report import markdown, plot
 from benchmarks.adaptive.results import (
     combine_repeats,
     eval_points,
-    judge_by_seed,
     none_curve_spread,
     overall_verdict,
     run_result,
     scenario_verdict,
-    target_of,
 )
 from benchmarks.adaptive.scenarios import (
     ADAPTIVE,
@@ -44,6 +42,7 @@ from benchmarks.adaptive.scenarios import (
     reference_shuffle_seed,
     train_config,
 )
+from benchmarks.adaptive.targets import judge_by_seed, target_of
 from benchmarks.machine import bench_lock, foreign_load, wait_for_quiet
 from benchmarks.outputs import write_json_and_table
 from benchmarks.testbed import Testbed
@@ -107,8 +106,8 @@ def run_references(backend: Backend, args: argparse.Namespace, workdir: Path) ->
     the seed's initial weights and held-out set and another order of the training samples
     (:func:`reference_shuffle_seed`), on the fastest link the scenarios have: ``none``'s
     trajectory does not depend on the link, and these runs' times are not judged. Their held-out
-    loss at 90 % of the steps sets each seed's target (``results.reference_targets``), and their
-    finals count in its uncompressed final (``results.uncompressed_finals``).
+    loss at 90 % of the steps sets each seed's target (``targets.reference_targets``), and their
+    finals count in its uncompressed final (``targets.uncompressed_finals``).
     Kept as ``workdir/reference/<steps>steps/seed<S>-order<K>/none-0``."""
     totals = sorted({sum(p.steps for p in parse_schedule(text)) for text in args.scenarios.values()})
     fastest = max(p.mbit for text in args.scenarios.values() for p in parse_schedule(text))

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.adaptive.jobs import HeldOut, JobRun
-from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, scenario_verdict, worst_ratios
+from benchmarks.adaptive.results import combine_repeats, eval_points, scenario_verdict, worst_ratios
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
+from benchmarks.adaptive.targets import judge_by_seed
 from benchmarks.outputs import write_whole
 from planning.config import TrainConfig
 

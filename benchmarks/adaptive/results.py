@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import random
-from statistics import median, median_high
+from statistics import median_high
 from typing import Any, Iterable, Sequence
 
 from benchmarks.adaptive.jobs import JobRun
-from benchmarks.adaptive.scenarios import ADAPTIVE, EVAL_EVERY, Phase, boundaries
+from benchmarks.adaptive.scenarios import ADAPTIVE, Phase, boundaries
+from benchmarks.adaptive.targets import by_seed, hit_step
 
 # --------------------------------------------------------------------------- results of a run
 
@@ -42,14 +43,6 @@ def eval_points(run: JobRun, curve: Sequence[tuple[int, float]]) -> list[list[fl
     """``[[step, wall_s, held-out loss], ...]``; wall_s from the report of step 1, like total_s."""
     origin = run.wall_at(1)
     return [[step, round(run.wall_at(step) - origin, 3), round(loss, 5)] for step, loss in curve]
-
-
-def time_to_target(evals: Sequence[Sequence[float]], target: float) -> float | None:
-    """Wall time of the first evaluation at or below ``target`` (None: never reached)."""
-    for _, wall, loss in evals:
-        if loss <= target:
-            return wall
-    return None
 
 
 def running_over_estimate(reports: Sequence[dict[str, Any]]) -> list[float]:
@@ -97,76 +90,6 @@ def run_result(run: JobRun, phases: Sequence[Phase], curve: Sequence[tuple[int, 
     }
 
 
-def judge_by_seed(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Phase],
-                  references: Sequence[dict[str, Any]] = ()) -> dict[Any, float]:
-    """Judge every run against its own seed's target; returns the targets by seed.
-
-    ``references``: reference runs of ``none`` (``{"seed", "eval", "final_eval"}``): each seed's
-    target is theirs (:func:`reference_targets`), and its uncompressed final the median of theirs
-    and the judged ``none`` runs' (:func:`uncompressed_finals`). Without: both come from the seed's
-    judged ``none`` runs alone (:func:`own_targets`), which meet them by construction.
-    Each run gets ``target``, ``time_to_target_s``, ``hit_step`` (the first evaluated step at or
-    below it) and ``final_vs_none`` (its final against the seed's uncompressed final). Why per
-    seed: the seed sets the initial weights, the data order and the held-out samples, so the
-    targets differ (0.318-0.417 over five seeds on the CNN).
-    """
-    targets = reference_targets(references, phases) if references else own_targets(repeats, phases)
-    finals = uncompressed_finals(repeats["none"], references)
-    for results in repeats.values():
-        for result in results:
-            seed = result.get("seed")
-            result["target"] = targets[seed]
-            result["time_to_target_s"] = time_to_target(result["eval"], result["target"])
-            result["hit_step"] = _hit_step(result["eval"], result["target"])
-            result["final_vs_none"] = round(result["final_eval"] / finals[seed] - 1, 4)
-    return targets
-
-
-def uncompressed_finals(none_runs: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]] = ()) -> dict[Any, float]:
-    """Each seed's final held-out loss of uncompressed training: the median over the seed's
-    judged ``none`` runs and its reference runs.
-
-    Why the references too: one run's final is one draw of the trajectory. Over eight seeds the
-    finals of three reference runs and the judged run of one seed lay up to 10 % apart (seed 5:
-    0.352-0.389, ``adaptive_s36``), so a choice judged against the judged run alone is judged
-    against that draw, and ``none`` against itself (+0.0 % by construction). The median of an
-    even count is the mean of the middle two (the judged run and three references are four;
-    the upper one of them judged every run of session 36 1 % better than the middle).
-    """
-    return {seed: median(r["final_eval"] for r in runs) for seed, runs in _by_seed([*none_runs, *references]).items()}
-
-
-def own_targets(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Phase]) -> dict[Any, float]:
-    """Each seed's target from its judged ``none`` runs: the held-out loss at 90 % of the steps
-    (the median over the seed's repeats, which repeat the same curve). The issue's first reading;
-    it favours ``none``, which reaches it by construction (:func:`reference_targets`)."""
-    return {seed: median_high(target_of(r["eval"], phases) for r in runs) for seed, runs in _by_seed(repeats["none"]).items()}
-
-
-def reference_targets(references: Sequence[dict[str, Any]], phases: Sequence[Phase]) -> dict[Any, float]:
-    """Each seed's target from reference ``none`` runs: the held-out loss they reach at 90 % of
-    the steps, the median over the seed's references.
-
-    A reference is ``none`` with the seed's initial weights and held-out set and another order
-    of the training samples (``data.shuffle_seed``). Why: a target read off the judged ``none``
-    run is one its own curve meets at 90 % of the steps by construction, where any other
-    trajectory meets it only if its own scatter falls that way. On the CNN ``none``'s curve
-    scatters 0.018-0.025 about its trend and falls 0.001-0.008 over the last 30 steps, so fp16
-    (error 2e-4) missed ``none``'s own target on two seeds of five (``adaptive_seeds``); against
-    a reference every choice, ``none`` included, meets the same draw of the trajectory. (An even
-    count's median is the mean of the middle two.)
-    """
-    return {seed: median(target_of(r["eval"], phases) for r in runs) for seed, runs in _by_seed(references).items()}
-
-
-def _by_seed(runs: Sequence[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
-    """Runs grouped by ``seed`` (None for the runs of one-seed result files)."""
-    out: dict[Any, list[dict[str, Any]]] = {}
-    for run in runs:
-        out.setdefault(run.get("seed"), []).append(run)
-    return out
-
-
 def combine_repeats(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One label's entry from its runs over the seeds (and repeats), judged already.
 
@@ -206,7 +129,7 @@ def curve_spread(repeats: Sequence[dict[str, Any]]) -> float:
 def none_curve_spread(none_runs: Sequence[dict[str, Any]]) -> float | None:
     """:func:`curve_spread` of ``none`` between runs of one seed, the largest over the seeds
     (0: its curve repeats); None when no seed ran twice (nothing to compare)."""
-    spreads = [curve_spread(runs) for runs in _by_seed(none_runs).values() if len(runs) >= 2]
+    spreads = [curve_spread(runs) for runs in by_seed(none_runs).values() if len(runs) >= 2]
     return max(spreads) if spreads else None
 
 
@@ -216,15 +139,6 @@ def _median_only(values: list[float]) -> list[float]:
 
 def is_adaptive(label: str) -> bool:
     return label.startswith(ADAPTIVE)
-
-
-def target_of(evals: Sequence[Sequence[float]], phases: Sequence[Phase]) -> float:
-    """The held-out loss a curve (rows of ``[step, ..., loss]``) shows at 90 % of the steps."""
-    at = round(0.9 * sum(p.steps for p in phases))
-    points = {int(row[0]): row[-1] for row in evals}
-    if at not in points:
-        raise ValueError(f"no evaluation at step {at}: evaluate every {EVAL_EVERY} steps, a divisor of it")
-    return points[at]
 
 
 def scenario_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -271,8 +185,8 @@ def ratio_intervals(runs: dict[str, dict[str, Any]], draws: int = INTERVAL_DRAWS
     uncertainty. None when no seed has two runs of any label (nothing to resample).
     Deterministic for a given ``seed``.
     """
-    grouped = {label: _by_seed(entry.get("repeats") or [entry]) for label, entry in runs.items()}
-    if not any(len(group) >= 2 for by_seed in grouped.values() for group in by_seed.values()):
+    grouped = {label: by_seed(entry.get("repeats") or [entry]) for label, entry in runs.items()}
+    if not any(len(group) >= 2 for seeds in grouped.values() for group in seeds.values()):
         return None
     rng = random.Random(seed)
     fixed = [label for label in runs if not is_adaptive(label)]
@@ -294,8 +208,8 @@ def _drawn_again(grouped: dict[str, dict[Any, list[dict[str, Any]]]], rng: rando
     alike, as it did; otherwise each label's runs are drawn alone.
     """
     repeats: dict[str, list[dict[str, Any]]] = {label: [] for label in grouped}
-    for seed in dict.fromkeys(s for by_seed in grouped.values() for s in by_seed):
-        groups = {label: by_seed.get(seed, []) for label, by_seed in grouped.items()}
+    for seed in dict.fromkeys(s for seeds in grouped.values() for s in seeds):
+        groups = {label: seeds.get(seed, []) for label, seeds in grouped.items()}
         counts = {len(group) for group in groups.values()}
         if len(counts) == 1:
             n = counts.pop()
@@ -359,7 +273,7 @@ def _times_by_seed(entry: dict[str, Any]) -> dict[Any, float]:
     """A label's time to target per seed, the median of the seed's repeats (a miss: inf).
     The runs of a one-seed result file form one group."""
     return {seed: median_high(_or_inf(r["time_to_target_s"]) for r in runs)
-            for seed, runs in _by_seed(entry.get("repeats") or [entry]).items()}
+            for seed, runs in by_seed(entry.get("repeats") or [entry]).items()}
 
 
 def paired_ratio(entry: dict[str, Any], best: dict[str, Any]) -> float | None:
@@ -428,7 +342,7 @@ def _hit_step_on(entry: dict[str, Any], seed: Any, target: float) -> int | None:
     Entries of result files without per-run steps: from the entry's own curve and target."""
     steps = [_or_inf(r["hit_step"]) for r in entry.get("repeats") or [] if r.get("seed") == seed and "hit_step" in r]
     if not steps:
-        return _hit_step(entry["eval"], entry.get("target", target))
+        return hit_step(entry["eval"], entry.get("target", target))
     step = median_high(steps)
     return None if math.isinf(step) else int(step)
 
@@ -443,11 +357,6 @@ def _clairvoyant(phases: Sequence[Phase], per_step: dict[float, dict[str, float]
     best = min(fixed, key=lambda label: fixed[label])
     return {"ratio": round(clairvoyant / fixed[best], 3), "best_fixed": best, "steps_to_target": fewest,
             "fastest_by_phase": fastest}
-
-
-def _hit_step(evals: Sequence[Sequence[float]], target: float) -> int | None:
-    """The first evaluated step at or below the target (None: never reached)."""
-    return next((int(step) for step, _, loss in evals if loss <= target), None)
 
 
 def _steps_in(phases: Sequence[Phase], steps: int) -> list[int]:

@@ -28,7 +28,7 @@ QUICK_SCENARIOS = ("fast-slow-fast",)
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 QUICK_SEEDS = (0, 1, 2)
 #: Reference ``none`` runs a seed, each with another order of the training samples: their
-#: median held-out loss at 90 % of the steps is the seed's target (``results.reference_targets``).
+#: median held-out loss at 90 % of the steps is the seed's target (``targets.reference_targets``).
 #: ``--quick`` runs one.
 DEFAULT_REFERENCES = 3
 QUICK_REFERENCES = 1

@@ -12,8 +12,9 @@ import torch
 from benchmarks import adaptive
 from benchmarks.adaptive.jobs import JobRun
 from benchmarks.adaptive.rejudge import main, none_scatter
-from benchmarks.adaptive.results import combine_repeats, eval_points, judge_by_seed, run_result
+from benchmarks.adaptive.results import combine_repeats, eval_points, run_result
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
+from benchmarks.adaptive.targets import judge_by_seed
 from planning.config import TrainConfig
 from workers.checkpoint import META_FILE, TRAINER_FILE
 from workers.data import input_spec

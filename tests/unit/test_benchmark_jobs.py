@@ -100,7 +100,8 @@ def test_the_switching_bound_runs_each_phase_with_its_fastest_choice_for_free() 
 def test_each_run_is_judged_against_its_own_seeds_target_and_ratios_pair_runs_by_seed() -> None:
     """Seed 0's ``none`` reaches 0.50 at step 270 (its target), seed 1's 0.30. ``a`` runs seed 0's
     curve shifted by one evaluation and seed 1's exactly; ``b`` misses seed 1's target."""
-    from benchmarks.adaptive.results import combine_repeats, judge_by_seed, none_curve_spread, scenario_verdict
+    from benchmarks.adaptive.results import combine_repeats, none_curve_spread, scenario_verdict
+    from benchmarks.adaptive.targets import judge_by_seed
 
     phases = adaptive.parse_schedule("1000:300")
 
@@ -131,7 +132,7 @@ def test_a_reference_target_judges_none_like_every_other_choice() -> None:
     there. Against their median (0.505) ``none`` and ``a``, whose curve lies 0.003 above
     ``none``'s, are judged alike; against ``none``'s own target only ``none`` meets it. The
     uncompressed final is the median over the judged ``none`` and the references."""
-    from benchmarks.adaptive.results import judge_by_seed, own_targets, reference_targets, uncompressed_finals
+    from benchmarks.adaptive.targets import judge_by_seed, own_targets, reference_targets, uncompressed_finals
 
     phases = adaptive.parse_schedule("1000:300")
 
