@@ -8,7 +8,7 @@ benchmark evaluates 512); the rest is the trajectory itself (the weights differ 
 run). This re-evaluates every kept checkpoint on the first N samples of the same split for
 several N (the synthetic split is drawn sample by sample, so 512 of 4096 are the benchmark's
 512), with each run's wall times from its kept telemetry, and judges each N by the benchmark's
-own rules (``benchmarks.adaptive.results``): which share of the scatter a larger set removes,
+own rules (``benchmarks.adaptive.targets`` and ``.results``): which share of the scatter a larger set removes,
 and how the per-seed hits and the ratios move with it.
 
     python -m benchmarks.adaptive --keep DIR --json-out RESULT.json ...   # the runs, kept
@@ -93,44 +93,97 @@ def none_scatter(curve: Sequence[Sequence[float]]) -> float | None:
     return round(float(residual.std(ddof=3)), 4)
 
 
+def _reference_dirs(references: Path, steps: int) -> list[tuple[int, Path]]:
+    """(seed, directory) of each kept reference run with ``steps`` steps."""
+    return [(int(path.parent.name.removeprefix("seed").split("-order")[0]), path)
+            for path in sorted((references / f"{steps}steps").glob("seed*-order*/none-0"))]
+
+
 def kept_references(references: Path, steps: int) -> list[tuple[Any, Path, JobRun]]:
     """The kept reference runs of ``none`` with ``steps`` steps (``benchmarks.adaptive.cli.run_references``:
     ``DIR/<steps>steps/seed<S>-order<K>/none-0``) as (seed, directory, reports)."""
-    out = []
-    for path in sorted((references / f"{steps}steps").glob("seed*-order*/none-0")):
-        seed = int(path.parent.name.removeprefix("seed").split("-order")[0])
-        out.append((seed, path, _job_run(path, "none")))
-    return out
+    return [(seed, path, _job_run(path, "none")) for seed, path in _reference_dirs(references, steps)]
 
 
 @dataclass(frozen=True)
 class Source:
-    """One run of the benchmark: its result file's scenarios, the directory it kept its runs in,
-    and its kept reference runs of ``none`` (None: judged against ``none``'s own targets only)."""
+    """One run of the benchmark: its result file (scenarios and job), the directory it kept its
+    runs in, and its kept reference runs of ``none`` (None: judged against ``none``'s own
+    targets only)."""
 
     result: Path
-    scenarios: dict[str, Any]
+    doc: dict[str, Any]
     keep: Path
     references: Path | None
+
+    @property
+    def scenarios(self) -> dict[str, Any]:
+        return self.doc["scenarios"]  # type: ignore[no-any-return]
+
+
+#: Job fields that may differ between runs judged together: the seeds are the point; the rest
+#: says when, where and how long.
+JOB_FIELDS_FREE = frozenset({"seeds", "date", "wall_s", "cpu_cores", "cluster", "merged_from"})
+
+
+def seeds_of(scenario: dict[str, Any]) -> set[Any]:
+    """The seeds a scenario's stored runs ran on (None: a one-seed file of before session 19)."""
+    return {stored.get("seed") for entry in scenario["runs"].values() for stored in entry.get("repeats") or [entry]}
+
+
+def check_sources(names: Sequence[str], sources: Sequence[Source]) -> None:
+    """Runs from several sources are judged together only where every source kept every one of
+    ``names`` and ran the same job (but its seeds) and schedule with the same labels, on seeds
+    of its own; and either every source or none kept references of each of its seeds. A
+    ValueError naming the files if not, before anything is evaluated (a rejudge takes minutes)."""
+    first = sources[0]
+    for source in sources[1:]:
+        mine = {k: v for k, v in source.doc.get("job", {}).items() if k not in JOB_FIELDS_FREE}
+        theirs = {k: v for k, v in first.doc.get("job", {}).items() if k not in JOB_FIELDS_FREE}
+        if mine != theirs:
+            differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+            raise ValueError(f"{source.result} ran another job than {first.result} (differs in {', '.join(differ)})")
+    for name in names:
+        where: dict[Any, Path] = {}
+        for source in sources:
+            if name not in source.scenarios or not (source.keep / name).is_dir():
+                raise ValueError(f"{name}: not kept in {source.result} (under {source.keep}); "
+                                 "name the scenarios every run kept with --scenario")
+            scenario, model = source.scenarios[name], first.scenarios[name]
+            if scenario["schedule_text"] != model["schedule_text"]:
+                raise ValueError(f"{name}: {source.result} ran {scenario['schedule_text']!r}, {first.result} {model['schedule_text']!r}")
+            if set(scenario["runs"]) != set(model["runs"]):
+                raise ValueError(f"{name}: {source.result} ran {sorted(scenario['runs'])}, {first.result} {sorted(model['runs'])}")
+            seeds = seeds_of(scenario)
+            if len(sources) > 1 and None in seeds:
+                raise ValueError(f"{name}: {source.result} does not record its runs' seeds; it can only be judged alone")
+            for seed in seeds:
+                if seed in where:
+                    raise ValueError(f"{name}: seed {seed} is in both {where[seed]} and {source.result}")
+                where[seed] = source.result
+            steps = sum(p.steps for p in parse_schedule(scenario["schedule_text"]))
+            kept = {seed for seed, _ in _reference_dirs(source.references, steps)} if source.references else set()
+            if (source.references is None) != (first.references is None) or (source.references and not seeds <= kept):
+                raise ValueError(f"{name}: kept references of seeds {sorted(kept)} for {source.result}, of its seeds "
+                                 f"{sorted(seeds)} (every seed of every run needs them, or none does)")
 
 
 def rejudge_scenario(name: str, sources: Sequence[Source], sizes: Sequence[int],
                      evaluated: dict[Path, dict[int, list[list[float]]]] | None = None) -> dict[str, Any]:
-    """Every kept run of scenario ``name`` in the ``sources`` that have it, evaluated at each of
-    ``sizes`` and judged together per size against ``none``'s own targets and, where every such
-    source kept reference runs of the scenario's step count, against theirs
-    (``against_reference``). ``evaluated``: reference curves already evaluated, by directory
-    (every scenario of a step count shares its references).
+    """Every kept run of scenario ``name`` in the ``sources`` (checked by :func:`check_sources`),
+    evaluated at each of ``sizes`` and judged together per size against ``none``'s own targets
+    and, where the sources kept reference runs, against theirs (``against_reference``).
+    ``evaluated``: reference curves already evaluated, by directory (every scenario of a step
+    count shares its references).
 
-    Several sources: runs of the same scenario on other seeds (each seed's target and
-    uncompressed final come from its own runs, so a run's figures do not change; only the
-    medians over seeds do). Why: eight seeds know a median final to about ±1 %, the criterion's
-    own margin, and a later run on fresh seeds adds to an earlier one instead of replacing it."""
+    Several sources: runs of the same scenario on other seeds, in the order given (give them
+    in the order of their seeds to match one run's order). Each seed's target and uncompressed
+    final come from its own runs, so a run's figures do not change; only the medians over seeds
+    do. Why: eight seeds know a median final to about ±1 %, the criterion's own margin, and a
+    later run on fresh seeds adds to an earlier one instead of replacing it."""
     evaluated = {} if evaluated is None else evaluated
-    mine = [source for source in sources if name in source.scenarios]
-    scenario = mine[0].scenarios[name]
-    phases = parse_schedule(scenario["schedule_text"])
-    _check_mergeable(name, mine)
+    phases = parse_schedule(sources[0].scenarios[name]["schedule_text"])
+    steps = sum(p.steps for p in phases)
     held_outs: dict[Any, HeldOut] = {}
 
     def held_out(seed: Any, path: Path) -> HeldOut:
@@ -141,30 +194,23 @@ def rejudge_scenario(name: str, sources: Sequence[Source], sizes: Sequence[int],
 
     runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[float]]]]]] = {}
     reference_curves: list[tuple[Any, dict[int, list[list[float]]]]] = []
-    for source in mine:
-        seeds_here = set()
+    for source in sources:
         for label, entry in source.scenarios[name]["runs"].items():
             runs.setdefault(label, [])
             seen: dict[Any, int] = {}
             for stored in entry.get("repeats") or [entry]:
                 seed = stored.get("seed")
-                seeds_here.add(seed)
                 index = seen[seed] = seen.get(seed, -1) + 1
                 path, run = kept_run(source.keep, name, seed, index, label, stored["total_s"])
                 runs[label].append((stored, evaluate(path, run, sizes, held_out(seed, path))))
                 print(f"[rejudge] {name} {label} seed {seed} run {index + 1}: {path}", flush=True)
-        steps = sum(p.steps for p in phases)
         for seed, path, run in kept_references(source.references, steps) if source.references else []:
-            if seed in seeds_here:
+            if seed in seeds_of(source.scenarios[name]):
                 if path not in evaluated:
                     evaluated[path] = evaluate(path, run, sizes, held_out(seed, path))
                     print(f"[rejudge] reference seed {seed}: {path}", flush=True)
                 reference_curves.append((seed, evaluated[path]))
-    judged_seeds = {stored.get("seed") for pairs in runs.values() for stored, _ in pairs}
-    if reference_curves and {seed for seed, _ in reference_curves} != judged_seeds:
-        print(f"[rejudge] {name}: some seeds have no kept references; judged against none's own targets only", flush=True)
-        reference_curves = []
-    targets_from = {source.scenarios[name].get("target_from") == "reference none runs" for source in mine}
+    targets_from = {source.scenarios[name].get("target_from") == "reference none runs" for source in sources}
     by_size: dict[str, Any] = {}
     for n in sizes:
         own, judged = judgement(runs, n, phases, ())
@@ -173,32 +219,13 @@ def rejudge_scenario(name: str, sources: Sequence[Source], sizes: Sequence[int],
         if reference_curves:
             references = [{"seed": seed, "eval": curves[n], "final_eval": curves[n][-1][2]} for seed, curves in reference_curves]
             own["against_reference"], against = judgement(runs, n, phases, references)
-        if n == HELD_OUT_SAMPLES and len(targets_from) == 1:  # as every source's file was judged
+        if n == HELD_OUT_SAMPLES and len(targets_from) == 1:  # files judged by different rules: no one check
             matching, row = (against, own.get("against_reference")) if targets_from == {True} else (judged, own)
             if matching is not None and row is not None:  # on the row of the judgement the files were judged by
                 stored_times = [r["time_to_target_s"] for label in runs for r, _ in runs[label]]
                 new_times = [r["time_to_target_s"] for label in matching for r in matching[label]]
                 row["reproduces"] = all(_same_time(a, b) for a, b in zip(stored_times, new_times))
     return by_size
-
-
-def _check_mergeable(name: str, sources: Sequence[Source]) -> None:
-    """Runs of scenario ``name`` from several sources are judged together only where they ran the
-    same schedule with the same labels on different seeds (a ValueError naming the files if not)."""
-    first = sources[0]
-    seeds_of: dict[Any, Path] = {}
-    for source in sources:
-        scenario = source.scenarios[name]
-        if scenario["schedule_text"] != first.scenarios[name]["schedule_text"]:
-            raise ValueError(f"{name}: {source.result} ran {scenario['schedule_text']!r}, "
-                             f"{first.result} {first.scenarios[name]['schedule_text']!r}")
-        if set(scenario["runs"]) != set(first.scenarios[name]["runs"]):
-            raise ValueError(f"{name}: {source.result} ran {sorted(scenario['runs'])}, {first.result} {sorted(first.scenarios[name]['runs'])}")
-        seeds = {stored.get("seed") for entry in scenario["runs"].values() for stored in entry.get("repeats") or [entry]}
-        for seed in seeds:
-            if seed in seeds_of:
-                raise ValueError(f"{name}: seed {seed} is in both {seeds_of[seed]} and {source.result}")
-            seeds_of[seed] = source.result
 
 
 def judgement(runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[float]]]]]], n: int,
@@ -262,7 +289,7 @@ def _table(title: str, by_size: dict[str, Any]) -> list[str]:
             hits = ",".join("-" if h is None else str(h) for h in row["hit_steps"][label].values())
             cells.append(f"{'miss' if ratio is None else f'{ratio:.3f}'} / {hits} / {row['final_vs_none'][label]:+.1%}")
         scatter = [s for s in row["none_scatter"].values() if s is not None]
-        mark = " (reproduces the result file)" if row.get("reproduces") else ""
+        mark = {True: " (reproduces the result file)", False: " (does NOT reproduce the result file)"}.get(row.get("reproduces"), "")
         lines.append(f"| {n}{mark} | {row['best_fixed']} | " + " | ".join(cells)
                      + f" | {statistics.median(scatter) if scatter else '-'} |")
     lines.append("")
@@ -271,10 +298,13 @@ def _table(title: str, by_size: dict[str, Any]) -> list[str]:
 
 def read_source(result: Path, keep: Path, references: Path | None = None) -> Source:
     """A run of the benchmark to judge again: ``references`` default to ``KEEP/reference`` where
-    it exists. OSError, ValueError or KeyError where the result is not one of the benchmark's."""
+    it exists. OSError or ValueError where the result is not one of the benchmark's."""
     if references is None and (keep / "reference").is_dir():
         references = keep / "reference"
-    return Source(result=result, scenarios=json.loads(result.read_text())["scenarios"], keep=keep, references=references)
+    doc = json.loads(result.read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get("scenarios"), dict):
+        raise ValueError("no \"scenarios\" object")
+    return Source(result=result, doc=doc, keep=keep, references=references)
 
 
 def worst_by_size(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -288,6 +318,12 @@ def worst_by_size(scenarios: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if all("against_reference" in row for row in rows):
             out[n]["against_reference"] = worst_ratios(row["against_reference"] for row in rows)
     return out
+
+
+def _where(source: Source) -> dict[str, str | None]:
+    """A source as the output names it."""
+    return {"result": str(source.result), "keep": str(source.keep),
+            "references": None if source.references is None else str(source.references)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -313,25 +349,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     for result, keep in [(args.result, args.keep), *map(tuple, args.also)]:
         try:
             sources.append(read_source(result, keep, args.references if not sources else None))
-        except (OSError, ValueError, KeyError) as exc:
+        except (OSError, ValueError) as exc:
             print(f"cannot read {result} as a result of benchmarks.adaptive: {exc}", file=sys.stderr)
             return 2
     first = sources[0]
+    unknown = sorted(set(args.scenario or []) - set(first.scenarios))
+    if unknown:
+        print(f"--scenario: {', '.join(unknown)} not in {args.result} (it has {', '.join(first.scenarios)})", file=sys.stderr)
+        return 2
     names = [name for name in first.scenarios if (first.keep / name).is_dir() and (args.scenario is None or name in args.scenario)]
     if not names:
         print(f"no scenario of {args.result} is kept under {args.keep}", file=sys.stderr)
         return 2
     sizes = sorted(set(args.samples))
-    doc: dict[str, Any] = {"result": str(args.result), "keep": str(args.keep), "samples": sizes, "scenarios": {},
-                           "references": None if first.references is None else str(first.references)}
+    doc: dict[str, Any] = {**_where(first), "samples": sizes, "scenarios": {}}
     if args.also:
-        doc["also"] = [{"result": str(s.result), "keep": str(s.keep), "references": None if s.references is None else str(s.references)}
-                       for s in sources[1:]]
+        doc["also"] = [_where(source) for source in sources[1:]]
     evaluated: dict[Path, dict[int, list[list[float]]]] = {}
     try:
+        check_sources(names, sources)
         for name in names:
             doc["scenarios"][name] = rejudge_scenario(name, sources, sizes, evaluated)
-    except (OSError, ValueError) as exc:
+    except KeyError as exc:
+        print(f"cannot judge the kept runs again: a stored scenario or run has no field {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, TypeError) as exc:
         print(f"cannot judge the kept runs again: {exc}", file=sys.stderr)
         return 2
     doc["worst_ratio"] = worst_by_size(doc["scenarios"])

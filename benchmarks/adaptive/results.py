@@ -1,4 +1,5 @@
-"""What a run and a scenario come to: switches, bandwidth by phase, time to the target loss, verdicts.
+"""What a run and a scenario come to: switches, bandwidth by phase, verdicts (a run's target and
+time to it: :mod:`benchmarks.adaptive.targets`).
 """
 
 from __future__ import annotations
@@ -323,17 +324,17 @@ def switching_bounds(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         choices = [label for label in scenario["runs"] if not is_adaptive(label)
                    and all(label in per_step[p.mbit] for p in phases)]
-        by_seed = {}
+        bounds = {}
         for seed in {r.get("seed") for label in choices for r in scenario["runs"][label].get("repeats") or [{}]}:
             hit = {label: step for label in choices
                    if (step := _hit_step_on(scenario["runs"][label], seed, scenario["target"])) is not None}
             if hit:
-                by_seed[seed] = _clairvoyant(phases, per_step, hit)
-        if not by_seed:
+                bounds[seed] = _clairvoyant(phases, per_step, hit)
+        if not bounds:
             continue
-        ordered = sorted(by_seed, key=lambda seed: by_seed[seed]["ratio"])
-        out[name] = {**by_seed[ordered[len(ordered) // 2]],
-                     "by_seed": {str(seed): bound["ratio"] for seed, bound in by_seed.items()}}
+        ordered = sorted(bounds, key=lambda seed: bounds[seed]["ratio"])
+        out[name] = {**bounds[ordered[len(ordered) // 2]],
+                     "by_seed": {str(seed): bound["ratio"] for seed, bound in bounds.items()}}
     return out
 
 

@@ -34,8 +34,9 @@ def keep_run(path: Path, cfg: TrainConfig, wobble: float) -> JobRun:
     checkpoints (:data:`CHECKPOINTS`). The CNN's logits shrink with the step, so the held-out loss falls
     (towards ln 10); ``wobble`` perturbs the weights, so runs differ."""
     generator = torch.Generator().manual_seed(int(wobble * 1000))
-    torch.manual_seed(cfg.seed)  # the seed's initial weights, as a job draws them: the same kept runs again are the same
-    model = build_model(cfg.model.name, **input_spec(cfg.model.name, "synthetic"))
+    with torch.random.fork_rng():  # the seed's initial weights, as a job draws them: the same kept runs again are the same
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model.name, **input_spec(cfg.model.name, "synthetic"))
     base = {k: v.clone() for k, v in model.state_dict().items()}
     for step in CHECKPOINTS:
         scale = 3.0 - step / 75
@@ -170,6 +171,17 @@ def test_runs_on_other_seeds_are_judged_together_as_if_one_run_had_made_them(
     other[0].write_text(json.dumps(kept_scenario(other[1], seeds=(2,), schedule="1000:75,100:75")))
     assert main([*map(str, files["first"]), "--also", *map(str, other)]) == 2
     assert "ran '1000:75,100:75'" in capsys.readouterr().err
+    unreferenced = tmp_path / "unreferenced.json", tmp_path / "unreferenced"
+    unreferenced[0].write_text(json.dumps(kept_scenario(unreferenced[1], seeds=(3,))))
+    assert main([*map(str, files["first"]), "--also", *map(str, unreferenced)]) == 2
+    assert "kept references of seeds [] for" in capsys.readouterr().err  # a judgement on references needs every seed's
+    another_job = {**json.loads(files["second"][0].read_text()), "job": {"lr": 0.5}}
+    files["second"][0].write_text(json.dumps(another_job))
+    assert main([*map(str, files["first"]), "--also", *map(str, files["second"])]) == 2
+    err = capsys.readouterr().err
+    assert "ran another job than" in err and "differs in lr" in err
+    assert main([*map(str, files["first"]), "--scenario", "stormy"]) == 2
+    assert "--scenario: stormy not in" in capsys.readouterr().err
 
 
 def test_the_scatter_is_measured_about_a_quadratic_trend() -> None:
