@@ -291,7 +291,7 @@ def _table(title: str, by_size: dict[str, Any]) -> list[str]:
         scatter = [s for s in row["none_scatter"].values() if s is not None]
         mark = {True: " (reproduces the result file)", False: " (does NOT reproduce the result file)"}.get(row.get("reproduces"), "")
         lines.append(f"| {n}{mark} | {row['best_fixed']} | " + " | ".join(cells)
-                     + f" | {statistics.median(scatter) if scatter else '-'} |")
+                     + f" | {round(statistics.median(scatter), 4) if scatter else '-'} |")
     lines.append("")
     return lines
 
