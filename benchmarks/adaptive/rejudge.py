@@ -204,8 +204,9 @@ def rejudge_scenario(name: str, sources: Sequence[Source], sizes: Sequence[int],
                 path, run = kept_run(source.keep, name, seed, index, label, stored["total_s"])
                 runs[label].append((stored, evaluate(path, run, sizes, held_out(seed, path))))
                 print(f"[rejudge] {name} {label} seed {seed} run {index + 1}: {path}", flush=True)
+        judged_seeds = seeds_of(source.scenarios[name])
         for seed, path, run in kept_references(source.references, steps) if source.references else []:
-            if seed in seeds_of(source.scenarios[name]):
+            if seed in judged_seeds:
                 if path not in evaluated:
                     evaluated[path] = evaluate(path, run, sizes, held_out(seed, path))
                     print(f"[rejudge] reference seed {seed}: {path}", flush=True)
