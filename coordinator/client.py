@@ -62,6 +62,9 @@ class Client:
     def history(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/history")
 
+    def policy(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/policy")
+
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")
 

@@ -64,6 +64,12 @@ class DecisionLoop:
         with self._lock:
             return self._controller(job_id, cfg, current).pin(spec, now)
 
+    def last_verdict(self, job_id: str) -> str | None:
+        """The reason of the policy's verdict on the job's latest report (None before one)."""
+        with self._lock:
+            controller = self._jobs.get(job_id)
+            return controller.last_reason or None if controller is not None else None
+
     def release(self, job_id: str) -> None:
         """Back to adaptive: the next report may switch at once (no dwell after a pin)."""
         with self._lock:

@@ -136,6 +136,13 @@ class PolicyView(BaseModel):
     compressor: str
     params: dict[str, Any]
     decision_version: int
+    #: Why the adaptive policy keeps what runs (or switched), as of the latest report: the predicted
+    #: step times and errors it compared, the link it judged on, the threshold or dwell that
+    #: held it. What a user watching a job on a link that changed asks first.
+    last_verdict: str | None = Field(
+        default=None, description="the adaptive policy's reason for its verdict on the job's latest report; "
+                                  "null while pinned, for a fixed job, or before the policy's first report since the "
+                                  "coordinator started (or since a release)")
 
 
 #: A stored decision is the wire decision (``planning.decision.Decision``: one type from the

@@ -143,7 +143,8 @@ class JobService:
         job = self.get(job_id)
         current = self.current_decision(job_id)
         return PolicyView(mode=job.policy_mode, compressor=current.compressor,  # type: ignore[arg-type]
-                          params=current.params, decision_version=current.version)
+                          params=current.params, decision_version=current.version,
+                          last_verdict=self.decisions.last_verdict(job_id) if job.policy_mode == "adaptive" else None)
 
     def set_policy(self, job_id: str, request: PinnedPolicy | AdaptivePolicy) -> PolicyView:
         with self._lock:

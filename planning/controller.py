@@ -155,6 +155,7 @@ class AdaptiveController:
     def release(self) -> None:
         """Back to adaptive: the next report may switch at once (no dwell after a pin)."""
         self.pinned = False
+        self.last_reason = ""  # the verdict of before the pin is stale
         self.state = without_dwell(self.state)
 
     def observe(self, telemetry: Telemetry, now: float, profile: ModelProfile | None = None) -> Decision | None:

@@ -20,6 +20,8 @@ NODE_LOSS_SCHEDULE = "1000:5000"
 #: The killed node returns ``restore_after_s`` after the job has shrunk, or this long after
 #: the kill if it never does.
 RESTORE_ANYWAY_S = 120.0
+#: How often the scenario reads the policy's latest verdict (``GET /v1/jobs/{id}/policy``).
+VERDICT_EVERY_S = 1.0
 #: The scenario job's bounds: a quality bound of rank 64 for the low-rank compressors, besides
 #: fp16 and none. Why rank 64: with the MLP at batch 32 on these CPUs, a low rank of 4-16 steps
 #: faster than fp16 and none even at 2 Gbit/s (its encode+decode costs ~3 ms), so when the
@@ -138,6 +140,8 @@ def _follow(client: Client, cluster: Cluster, opts: ScenarioOptions, *, log: Any
     killed_at: float | None = None
     restoring: threading.Thread | None = None
     shrunk_at: float | None = None
+    verdicts: list[dict[str, Any]] = []
+    verdict_read = 0.0
     phase = 0
     deadline = time.monotonic() + opts.timeout_s
     while True:
@@ -172,6 +176,9 @@ def _follow(client: Client, cluster: Cluster, opts: ScenarioOptions, *, log: Any
             restoring.start()
         if job["state"] in TERMINAL:
             break
+        if time.monotonic() - verdict_read >= VERDICT_EVERY_S:
+            verdict_read = time.monotonic()
+            _read_verdict(client, job_id, step, verdicts)
         if time.monotonic() > deadline:
             client.cancel(job_id)
             raise ClusterError(f"the job did not finish within {opts.timeout_s:.0f} s (step {step})")
@@ -186,10 +193,22 @@ def _follow(client: Client, cluster: Cluster, opts: ScenarioOptions, *, log: Any
         "switches": switches_of(history, job.get("summary") or {}),
         "world_sizes": world_sizes, "node_events": node_events,
         "job": opts.spec(), "wall_s": round(time.time() - started, 1),
+        "verdicts": verdicts,
     }
     doc["phases"] = phase_report(history["telemetry"], opts.schedule, doc["switches"])
     doc["restarts"] = restarts(history["telemetry"], opts.checkpoint_every)
     return FollowedJob(doc, job, history)
+
+
+def _read_verdict(client: Client, job_id: str, step: int, verdicts: list[dict[str, Any]]) -> None:
+    """Append the policy's latest verdict when it changed: why it kept or switched, with the
+    step times it compared (what shows why a switch came late or not at all)."""
+    try:
+        verdict = client.policy(job_id).get("last_verdict")
+    except Exception:  # noqa: BLE001 - a slow answer under load: read it next time
+        return
+    if verdict and (not verdicts or verdicts[-1]["verdict"] != verdict):
+        verdicts.append({"step": step, "at": round(time.time(), 3), "verdict": verdict})
 
 
 def restarts(telemetry: list[dict[str, Any]], every: int) -> list[dict[str, Any]]:

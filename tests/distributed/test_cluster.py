@@ -162,9 +162,10 @@ def test_the_coordinator_switches_soon_after_a_drop_and_back_after_a_rise() -> N
             doc = cl.scenario(cluster, opts, log=lambda m: None)
         if doc["verdict"]["switch_to_less_lossy_after_recovery"] is not None:
             break
+        last = doc["verdicts"][-1]["verdict"] if doc["verdicts"] else None
         warnings.warn(f"attempt {attempt + 1}: no switch back after the rise (foreign load "
-                      f"{doc['foreign_cores']} cores, bandwidth seen {doc['phases'][-1]['bandwidth_mbit_seen']} Mbit/s)",
-                      stacklevel=1)
+                      f"{doc['foreign_cores']} cores, bandwidth seen {doc['phases'][-1]['bandwidth_mbit_seen']} Mbit/s; "
+                      f"the policy's last verdict: {last})", stacklevel=1)
     verdict = doc["verdict"]
     assert doc["state"] == "succeeded", doc["reason"]
     assert verdict["switch_to_compression_while_slow"] is not None, doc["switches"]

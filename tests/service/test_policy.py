@@ -13,11 +13,13 @@ def test_pin_and_release(coordinator):
     url = coordinator.url
     job = submit(url, ADAPTIVE_SPEC)
     assert httpx.get(f"{url}/v1/jobs/{job['id']}/policy").json() == {
-        "mode": "adaptive", "compressor": "acpsgd", "params": {"warmup_steps": 0, "rank": 4}, "decision_version": 0}
+        "mode": "adaptive", "compressor": "acpsgd", "params": {"warmup_steps": 0, "rank": 4}, "decision_version": 0,
+        "last_verdict": None}
 
     pinned = put(url, job, {"mode": "pinned", "compressor": "powersgd", "rank": 8})
     assert pinned.status_code == 200
-    assert pinned.json() == {"mode": "pinned", "compressor": "powersgd", "params": {"rank": 8}, "decision_version": 1}
+    assert pinned.json() == {"mode": "pinned", "compressor": "powersgd", "params": {"rank": 8}, "decision_version": 1,
+                             "last_verdict": None}
     decision = httpx.get(f"{url}/v1/jobs/{job['id']}/decision", headers=worker_headers(job)).json()
     assert isinstance(decision.pop("at"), float)
     assert decision == {"version": 1, "compressor": "powersgd", "params": {"rank": 8},
@@ -25,13 +27,17 @@ def test_pin_and_release(coordinator):
 
     # pinned: a very fast network does not move it
     assert report(url, job, 5, bandwidth_bytes_per_second=40e9 / 8, profile=PROFILE).json()["version"] == 1
+    assert httpx.get(f"{url}/v1/jobs/{job['id']}/policy").json()["last_verdict"] is None
 
     released = put(url, job, {"mode": "adaptive"})
     assert released.json() == {"mode": "adaptive", "compressor": "powersgd", "params": {"rank": 8},
-                               "decision_version": 1}
+                               "decision_version": 1, "last_verdict": None}
     # adaptive again: the next report may switch at once (no dwell after a release)
     answer = report(url, job, 6, bandwidth_bytes_per_second=40e9 / 8).json()
     assert (answer["version"], answer["compressor"]) == (2, "none")
+    # the policy's verdict on that report is the switch's reason, with what it compared
+    verdict = httpx.get(f"{url}/v1/jobs/{job['id']}/policy").json()["last_verdict"]
+    assert verdict == answer["reason"] and verdict.startswith("none predicted") and "powersgd-r8" in verdict
     status = httpx.get(f"{url}/v1/jobs/{job['id']}").json()
     assert (status["policy_mode"], status["decision_version"]) == ("adaptive", 2)
 
@@ -39,7 +45,8 @@ def test_pin_and_release(coordinator):
 def test_pin_topk_ratio_on_a_fixed_job(coordinator):
     job = submit(coordinator.url)
     answer = put(coordinator.url, job, {"mode": "pinned", "compressor": "topk", "ratio": 0.05})
-    assert answer.json() == {"mode": "pinned", "compressor": "topk", "params": {"ratio": 0.05}, "decision_version": 1}
+    assert answer.json() == {"mode": "pinned", "compressor": "topk", "params": {"ratio": 0.05}, "decision_version": 1,
+                             "last_verdict": None}
 
 
 @pytest.mark.parametrize(
