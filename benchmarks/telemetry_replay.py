@@ -78,7 +78,7 @@ def replay_run(run_dir: Path) -> RunReplay:
         if decision is not None:
             out.switches.append((round(now, 2), report.step, decision.spec.label, MIX_MARK in decision.reason))
             controller.follow(decision)
-    out.corrections = {label: round(value, 5) for label, value in controller.state.corrections}
+    out.corrections = {c.label: round(c.residual, 5) for c in controller.state.corrections}
     out.last_reason = controller.last_reason
     out.policy_ms_median = round(statistics.median(costs) * 1e3, 3)
     out.policy_s = round(math.fsum(costs), 4)

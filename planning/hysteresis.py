@@ -20,6 +20,7 @@ from planning import registry
 from planning.policy_types import Measurements, PolicyConfig, PolicyState, Scored, Switch
 from planning.progress import contraction, error_of_efficiency, standard_error, standard_error_weight
 from planning.spec import CompressorSpec
+from planning.step_correction import residuals
 
 
 def _lossy(spec: CompressorSpec) -> bool:
@@ -104,7 +105,7 @@ def _undo(current: Scored, best: Scored, state: PolicyState) -> bool:
     end. Measured, the comparison is no longer the noisy prediction the band guards against:
     one undo corrects a move the measurement refuted, and cannot flap.
     """
-    measured = dict(state.corrections)
+    measured = residuals(state.corrections)
     return _reverses_last_move(state, current.label, best.label) and current.label in measured and best.label in measured
 
 
@@ -209,7 +210,7 @@ def judged_on_record(spec: CompressorSpec, state: PolicyState) -> bool:
     this job (its efficiency or its step time was measured), or its error is known (``none``
     and the casts, whose step time is the cost model's alone until they run)."""
     return (not _lossy(spec) or spec.label in dict(state.measured)
-            or spec.label in dict(state.corrections))
+            or spec.label in residuals(state.corrections))
 
 
 def explore_on_clear_gain(best: Scored, best_on_record: Scored | None, cfg: PolicyConfig) -> Scored:

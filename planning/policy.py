@@ -158,18 +158,29 @@ def _predicted_step(spec: CompressorSpec, m: Measurements, links: Links) -> floa
     return math.fsum(share * predict_step(spec, m.profile, m.world_size, link).step_s for share, link in links)
 
 
-def _score(spec: CompressorSpec, m: Measurements, links: Links) -> Scored:
+def _score(spec: CompressorSpec, m: Measurements, links: Links, level_factor: float) -> Scored:
     """``spec``'s step time, the prediction corrected by what the job measured
-    (``planning.step_correction``), and its time per progress. A correction never takes more
-    than half of a prediction away: a measured mean the link's smoothing placed on the wrong
-    level can lie far below the model for a while."""
-    predicted = _predicted_step(spec, m, links)
-    step_s = max(0.5 * predicted, predicted + correction_for(m.step_corrections, spec.label))
+    (``planning.step_correction``: at each of ``links`` by the level it lies at), and its time
+    per progress. A correction never takes more than half of a prediction away: a measured
+    mean the link's smoothing placed on the wrong level can lie far below the model for a while."""
+    step_s = math.fsum(share * _corrected(spec, m, link, level_factor) for share, link in links)
     if m.errors is None:
         return Scored(spec, spec.label, step_s, None, step_s)
     error = error_of(spec.label, spec.name, m.errors)
     tau = math.inf if error is None else seconds_per_progress(step_s, error)
     return Scored(spec, spec.label, step_s, error, tau)
+
+
+def _corrected(spec: CompressorSpec, m: Measurements, link: Link, level_factor: float) -> float:
+    """The cost model's step of ``spec`` at ``link``, corrected (see :func:`_score`)."""
+    predicted = predict_step(spec, m.profile, m.world_size, link).step_s
+    correction = correction_for(m.step_corrections, spec.label, _bandwidth_of(link), level_factor)
+    return max(0.5 * predicted, predicted + correction)
+
+
+def _bandwidth_of(link: Link) -> float:
+    """Bytes/s of ``link`` (infinite for one worker's: β = 0)."""
+    return math.inf if link.beta <= 0 else 1.0 / link.beta
 
 
 def _least_tau(scored: Iterable[Scored]) -> Scored | None:
@@ -195,7 +206,7 @@ def _best_move(options: list[CompressorSpec], m: Measurements, links: Links, sta
     (0.8 s, each 4x PowerSGD r4's) until the dwell ran out.
 
     Every option is scored once: the best on record is picked among the same scores."""
-    scored = [_score(spec, m, links) for spec in options]
+    scored = [_score(spec, m, links, cfg.level_shift_factor) for spec in options]
     best = _least_tau(scored)
     if best is None or hysteresis.judged_on_record(best.spec, state):
         return best
@@ -251,17 +262,18 @@ def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now
     as it stands, or the mix of its stretches when the link oscillates
     (``planning.link_levels``); with the current choice scored on them (with the doubt in
     its favour)."""
-    current_now = _score(m.current, hysteresis.doubt_in_favour(m, state), _link_now(state, m))
+    current_now = _score(m.current, hysteresis.doubt_in_favour(m, state), _link_now(state, m), cfg.level_shift_factor)
     state = _record_level(state, m, cfg, now, hysteresis.side(best_now, current_now, hysteresis.threshold(current_now, best_now, state, cfg)))
     mix = level_mix(state.levels, state.stretches, now, m.step, cfg.oscillation_window_s, cfg.oscillation_shifts,
                     cfg.level_shift_factor ** 2)
     if mix is None:
         return state, _link_now(state, m), None, current_now
     links = tuple((share, _link_at(s.bandwidth, state, m)) for share, s in zip(mix.shares, mix.stretches))
-    return state, links, mix, _score(m.current, hysteresis.doubt_in_favour(m, state), links)
+    return state, links, mix, _score(m.current, hysteresis.doubt_in_favour(m, state), links, cfg.level_shift_factor)
 
 
-def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[CompressorSpec]) -> PolicyState:
+def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[CompressorSpec],
+                        cfg: PolicyConfig) -> PolicyState:
     """Fold the running choice's measured step time, against the cost model's prediction over
     the same steps, into its correction (``planning.step_correction``). Left as they were by a
     report whose mean covers too few steps, that names a choice neither current nor in the
@@ -294,8 +306,10 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
     predicted = math.fsum(share * p for (share, _), p in zip(links, predictions))
     if abs(m.measured_step_s - predicted) > MAX_RESIDUAL * predicted:
         return state
-    return dataclasses.replace(state, corrections=record_residual(state.corrections, spec.label,
-                                                                  m.measured_step_s, predicted))
+    # The level it was measured at: the steps' links, averaged in log space by their shares.
+    bandwidth = math.exp(math.fsum(share * math.log(_bandwidth_of(link)) for share, link in links))
+    return dataclasses.replace(state, corrections=record_residual(state.corrections, spec.label, m.measured_step_s,
+                                                                  predicted, bandwidth, cfg.level_shift_factor))
 
 
 def alpha_of(all_reduce_latency_s: float, world_size: int) -> float:
@@ -317,14 +331,14 @@ def decide(
     m = dataclasses.replace(m, errors=calibrated_errors(m.errors, state.measured))
 
     pool = [adopt_settings(c, m.current) for c in cfg.candidates()]
-    state = _fold_step_residual(state, m, pool)
+    state = _fold_step_residual(state, m, pool, cfg)
     m = dataclasses.replace(m, step_corrections=state.corrections)
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)
     passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
     best = _best_move(passing, m, _link_now(state, m), state, cfg) if passing else None
     if best is None:
         state = _record_level(state, m, cfg, now, None)
-        current = _score(m.current, m, _link_now(state, m))
+        current = _score(m.current, m, _link_now(state, m), cfg.level_shift_factor)
         why = "no candidate passes the quality guard" if not passing else "no passing candidate has a measured error yet"
         return Keep(why, current.step_s), state
     state, links, mix, current = _judge_on_levels(state, m, cfg, now, best)

@@ -20,6 +20,7 @@ from harness import free_port, run_ranks  # noqa: E402
 
 from planning.protocol import Decision, ModelProfile, Telemetry  # noqa: E402
 from planning.sections import CompressionConfig  # noqa: E402
+from planning.step_correction import Correction  # noqa: E402
 from workers.control import CallbackSink, CoordinatorClient, InProcessPolicy, ListSink, SwitchAgreement  # noqa: E402
 from workers.probe import LinkRequest  # noqa: E402
 
@@ -292,10 +293,10 @@ def test_a_new_profile_reprices_the_candidates_and_drops_the_step_corrections():
                  "compressor": "none", "compressor_rank": None, "world_size": 2}
     ctl = AdaptiveController(CompressionConfig(mode="adaptive", compressor="none", min_dwell_s=0.0,
                                                allowed=["none", "powersgd"], min_rank=4, max_rank=4))
-    ctl.state = dataclasses.replace(ctl.state, corrections=(("none", 0.05),))
+    ctl.state = dataclasses.replace(ctl.state, corrections=(Correction("none", 0.05, 1e9),))
     report = telemetry(200).model_copy(update={**slow_link, "profile": busy})
     assert ctl.observe(report, 0.0) is None, ctl.last_reason
-    assert ctl.state.corrections == (("none", 0.05),)
+    assert ctl.state.corrections == (Correction("none", 0.05, 1e9),)
     decision = ctl.observe(report.model_copy(update={"step": 201, "profile": quiet}), 1.0)
     assert ctl.state.corrections == ()
     assert decision is not None and decision.compressor == "powersgd", ctl.last_reason

@@ -24,6 +24,7 @@ from planning.policy import (
 )
 from planning.policy_types import Scored
 from planning.spec import CompressorSpec, make_spec
+from planning.step_correction import Correction
 
 GBIT10 = 1.25e9  # bytes/s
 MBIT50 = 6.25e6
@@ -287,7 +288,7 @@ def test_a_move_between_known_errors_that_the_measured_steps_refute_is_undone_on
         return switch(to.spec, current, to, "test", state, 0.0)[1]
 
     none, fp16, bf16 = scored("none", 0.96), scored("fp16", 1.0), scored("bf16", 0.99)
-    measured = (("none", 0.0005), ("fp16", 0.003), ("bf16", 0.002))
+    measured = (Correction("none", 0.0005, 1e9), Correction("fp16", 0.003, 1e9), Correction("bf16", 0.002, 1e9))
     on_fp16 = move(PolicyState(), none, fp16)
     assert on_fp16.left == ("none",) and on_fp16.last_move == ("none", "fp16")
     assert threshold(fp16, none, on_fp16, CFG) == CFG.gain_threshold  # on predictions: the band holds
