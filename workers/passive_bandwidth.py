@@ -128,7 +128,8 @@ def cycle_sample(smallest: float, recent: float, threshold: float) -> tuple[floa
 
     ``smallest``: the cycle's smallest β over its steps and the ranks (the transfer, not a wait:
     :class:`PassiveBandwidth`); ``recent``: the smallest β of each rank's last ``DROP_STEPS``
-    timed steps, smallest over the ranks (infinite with fewer); ``threshold``:
+    timed steps, smallest over the ranks (0 where any rank timed fewer: a drop is read only from
+    every rank's steps); ``threshold``:
     :func:`drop_threshold`. All three are the group's (an all-reduce's), so every rank gets the
     same answer.
 
