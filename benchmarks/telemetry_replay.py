@@ -30,6 +30,7 @@ from benchmarks.outputs import write_whole
 from planning.controller import AdaptiveController
 from planning.protocol import Telemetry
 from planning.sections import CompressionConfig
+from planning.step_correction import residuals
 
 MIX_MARK = "link oscillates"
 
@@ -45,6 +46,7 @@ class RunReplay:
     #: (seconds into the run, step, label, judged on a mix) of each switch the policy makes now.
     switches: list[tuple[float, int, str, bool]] = field(default_factory=list)
     judged_on_mix: int = 0
+    #: Each label's latest step correction (at the level it last ran at).
     corrections: dict[str, float] = field(default_factory=dict)
     last_reason: str = ""
     #: The controller's own time a report (median, ms) and in all, against the run's wall time:
@@ -78,7 +80,7 @@ def replay_run(run_dir: Path) -> RunReplay:
         if decision is not None:
             out.switches.append((round(now, 2), report.step, decision.spec.label, MIX_MARK in decision.reason))
             controller.follow(decision)
-    out.corrections = {c.label: round(c.residual, 5) for c in controller.state.corrections}
+    out.corrections = {label: round(value, 5) for label, value in residuals(controller.state.corrections).items()}
     out.last_reason = controller.last_reason
     out.policy_ms_median = round(statistics.median(costs) * 1e3, 3)
     out.policy_s = round(math.fsum(costs), 4)

@@ -62,8 +62,8 @@ class Client:
     def history(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/history")
 
-    def policy(self, job_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{job_id}/policy")
+    def policy(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/policy", **({"timeout": timeout} if timeout else {}))
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel")

@@ -68,7 +68,7 @@ class DecisionLoop:
         """The reason of the policy's verdict on the job's latest report (None before one)."""
         with self._lock:
             controller = self._jobs.get(job_id)
-            return controller.last_reason or None if controller is not None else None
+            return (controller.last_reason or None) if controller is not None else None
 
     def release(self, job_id: str) -> None:
         """Back to adaptive: the next report may switch at once (no dwell after a pin)."""

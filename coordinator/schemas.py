@@ -141,8 +141,9 @@ class PolicyView(BaseModel):
     #: held it. What a user watching a job on a link that changed asks first.
     last_verdict: str | None = Field(
         default=None, description="the adaptive policy's reason for its verdict on the job's latest report; "
-                                  "null while pinned, for a fixed job, or before the policy's first report since the "
-                                  "coordinator started (or since a release)")
+                                  "null while pinned, for a fixed job, once the job ended, or before the policy's first "
+                                  "report since the coordinator started (or since a release); 'waiting ...' while the "
+                                  "policy lacks what it decides on (the model's profile, a link reading)")
 
 
 #: A stored decision is the wire decision (``planning.decision.Decision``: one type from the

@@ -93,7 +93,8 @@ def threshold(current: Scored, best: Scored, state: PolicyState, cfg: PolicyConf
 def _undo(current: Scored, best: Scored, state: PolicyState) -> bool:
     """Whether moving to ``best`` undoes the last switch, a move between two known-error
     choices from ``best`` to ``current`` (``PolicyState.last_move``), once both have their own
-    measured step time (``planning.step_correction``). The small threshold then holds back as
+    measured step time (``planning.step_correction``; at some level of the link: where one has
+    not run, its prediction carries only the part above 0 of its residual). The small threshold then holds back as
     well as forth, once: the undo is no move that can itself be undone, and after it both
     labels count as left.
 

@@ -114,8 +114,14 @@ class LevelMix:
         return f"link oscillates ({self.shifts} level changes in {self.span_s:.0f} s): judged on the mix, {', '.join(parts)}"
 
 
+def same_level(anchor: float, bandwidth: float, factor: float) -> bool:
+    """Whether ``bandwidth`` lies within ``factor`` of ``anchor`` (one level of the link; two
+    infinite bandwidths, one worker's, are one level)."""
+    return anchor == bandwidth or max(bandwidth / anchor, anchor / bandwidth) <= factor
+
+
 def _moved(anchor: float, bandwidth: float, factor: float) -> bool:
-    return max(bandwidth / anchor, anchor / bandwidth) > factor
+    return not same_level(anchor, bandwidth, factor)
 
 
 _S = TypeVar("_S", bound=Stretch)

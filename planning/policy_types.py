@@ -165,7 +165,8 @@ class PolicyState:
     measured: Measured = ()
     #: The variance of each label's efficiency samples (``planning.progress.record_spread``).
     spread: Spread = ()
-    #: Each label's averaged measured-minus-predicted step time (``planning.step_correction``).
+    #: Each label's averaged measured-minus-predicted step time, per level of the link it ran at
+    #: (``planning.step_correction``).
     corrections: Corrections = ()
 
 

@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from planning.link_levels import same_level
 from planning.progress import compressor_of
 
 
@@ -69,10 +70,10 @@ class Correction(NamedTuple):
     bandwidth: float
 
 
-#: One :class:`Correction` per label that ran, latest last.
+#: One :class:`Correction` per label that ran and level of the link it ran at, latest last.
 Corrections = tuple[Correction, ...]
 
-#: Weight of a new report's residual in its label's average. Each report's measurement is
+#: Weight of a new report's residual in its label's average at its level. Each report's measurement is
 #: itself a mean over up to 50 steps, so consecutive reports overlap; the average follows a
 #: change within ~10 reports (1 s in the benchmark).
 RESIDUAL_WEIGHT = 0.2
@@ -98,19 +99,15 @@ def residuals(corrections: Corrections) -> dict[str, float]:
     return {c.label: c.residual for c in corrections}
 
 
-def same_level(a: float, b: float, factor: float) -> bool:
-    """Whether bandwidths ``a`` and ``b`` lie within ``factor`` of each other (one level)."""
-    return max(a, b) <= factor * min(a, b)
-
-
 def record_residual(corrections: Corrections, label: str, measured_s: float, predicted_s: float,
                     bandwidth: float, level_factor: float, weight: float = RESIDUAL_WEIGHT) -> Corrections:
     """``corrections`` with one report's residual of ``label``, measured at ``bandwidth``, folded
-    into the label's average at that level (within ``level_factor``; the level's bandwidth
-    follows the reports, in log space); the first report at a level sets it. That entry moves
-    last; a label keeps its latest :data:`LEVELS_PER_LABEL` levels. A ValueError naming the
-    field for a step time that is not a finite number >= 0 or a bandwidth that is not > 0
-    (infinite is one worker's: no link)."""
+    into the label's average at that level (within ``level_factor`` of its bandwidth, which
+    follows the reports in log space with the same weight: the averaged reading of one link
+    wanders, and a level that did not follow it split into fresh entries of one report each);
+    the first report at a level sets it. That entry moves last; a label keeps its latest
+    :data:`LEVELS_PER_LABEL` levels. A ValueError naming the field for a step time that is not
+    a finite number >= 0 or a bandwidth that is not > 0 (infinite is one worker's: no link)."""
     for name, value in (("measured_s", measured_s), ("predicted_s", predicted_s)):
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
@@ -122,10 +119,10 @@ def record_residual(corrections: Corrections, label: str, measured_s: float, pre
         residual = previous.residual + weight * (residual - previous.residual)
         if math.isfinite(bandwidth) and math.isfinite(previous.bandwidth):
             bandwidth = previous.bandwidth * (bandwidth / previous.bandwidth) ** weight
-    kept = tuple(c for c in corrections if c is not previous)
+    kept = [c for c in corrections if c is not previous]
     others = [c for c in kept if c.label == label]
     dropped = others[:max(0, len(others) - (LEVELS_PER_LABEL - 1))]
-    return tuple(c for c in kept if c not in dropped) + (Correction(label, residual, bandwidth),)
+    return tuple(c for c in kept if not any(c is d for d in dropped)) + (Correction(label, residual, bandwidth),)
 
 
 def _at_level(corrections: Corrections, label: str, bandwidth: float, level_factor: float) -> Correction | None:
@@ -138,17 +135,16 @@ def correction_for(corrections: Corrections, label: str, bandwidth: float, level
     """Seconds to add to ``label``'s predicted step at ``bandwidth``: its averaged residual at
     that level; else its latest at another level, not below 0 (module docstring); else, alike,
     that of the latest measured label of its compressor (another rank runs the same code
-    around the hook); else the least of the measured residuals, not below 0; else 0. Why not
-    below 0: what every step pays beside the model's phases only adds time, and a negative
-    residual is the model overpricing that choice's communication at a level of the link
-    (``none`` −0.056 s and fp16 −0.019 s at 50 Mbit/s in session 21's runs, whose averaged
-    reading sat below the link's rate), which says nothing of another choice, nor of this
-    one at another level."""
+    around the hook); else the least of the measured labels' latest residuals, not below 0;
+    else 0. Why not below 0: what every step pays beside the model's phases only adds time,
+    and a negative residual is the model overpricing that choice's communication at a level
+    of the link (``none`` −0.056 s and fp16 −0.019 s at 50 Mbit/s in session 21's runs, whose
+    averaged reading sat below the link's rate), which says nothing of another choice, nor of
+    this one at another level."""
     own = [c for c in corrections if c.label == label]
     if not own:
-        kin = [c for c in corrections if compressor_of(c.label) == compressor_of(label)]
-        own = [c for c in kin if c.label == kin[-1].label]
+        own = [c for c in corrections if compressor_of(c.label) == compressor_of(label)]
     if own:
-        here = next((c for c in reversed(own) if same_level(c.bandwidth, bandwidth, level_factor)), None)
+        here = _at_level(corrections, own[-1].label, bandwidth, level_factor)
         return here.residual if here is not None else max(0.0, own[-1].residual)
-    return max(0.0, min(c.residual for c in corrections)) if corrections else 0.0
+    return max(0.0, min(residuals(corrections).values())) if corrections else 0.0

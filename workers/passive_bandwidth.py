@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Sequence
 
 from planning.link import implied_beta
 from workers.link_estimate import LinkEstimate
@@ -121,6 +121,19 @@ def drop_threshold(reading_beta: float | None, probed_beta: float | None) -> flo
     still faster than the link: every cycle would read as a drop."""
     known = [b for b in (reading_beta, probed_beta) if b is not None and math.isfinite(b) and b > 0]
     return DROP_FACTOR * max(known) if known else math.inf
+
+
+def recent_steps_beta(last_steps: Sequence[float]) -> float:
+    """One rank's ``recent`` for :func:`cycle_sample`: the smallest β of its last ``DROP_STEPS``
+    timed steps, and 0 with fewer (the group takes the minimum over the ranks).
+
+    Why 0 and not infinite: a rank that timed fewer steps cannot vouch that its last ones were
+    slow, and with infinite the group's minimum was the other ranks' alone. In
+    ``tests/distributed/test_passive_link.py`` half of the straggler's transfers (1.4-2.5 ms)
+    fell within the latency term of the probe's α (1.7 ms) and gave no sample, so the drop was
+    left to the rank that waited for it, and its waits (10.6 MB/s) were folded as a drop of the
+    link on 2 of 8 runs on an idle machine while the transfer read 300-1500 MB/s (session 38)."""
+    return min(last_steps[-DROP_STEPS:]) if len(last_steps) >= DROP_STEPS else 0.0
 
 
 def cycle_sample(smallest: float, recent: float, threshold: float) -> tuple[float, bool]:

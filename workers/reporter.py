@@ -31,7 +31,7 @@ from workers.calibration import calibrate_codecs, job_layout
 from workers.control import DecisionSource, TelemetrySink
 from workers.envs import WorkerEnv
 from workers.link_estimate import LinkEstimate, all_reduce_seconds
-from workers.passive_bandwidth import DROP_STEPS, PassiveBandwidth, cycle_sample, drop_threshold
+from workers.passive_bandwidth import DROP_STEPS, PassiveBandwidth, cycle_sample, drop_threshold, recent_steps_beta
 from workers.probe import (
     DEFAULT_SIZES,
     PROBE_STOP_FACTOR,
@@ -173,13 +173,7 @@ class Reporter:
         threshold = math.inf
         if self.env.rank == 0 and self.estimate.has_link:
             threshold = drop_threshold(self.passive.beta_s_per_byte, self.estimate.beta_s_per_byte)
-        # A rank that timed fewer steps cannot vouch that its last ones were slow: it sends 0, so
-        # the group's minimum reads no drop. Sent as inf, the group's minimum was the other ranks'
-        # alone: in tests/distributed/test_passive_link.py the straggler's peer, whose transfers
-        # were often within the latency term (no sample), left the drop to the rank that waited
-        # for it, and its waits (10.6 MB/s) were folded as a drop on 2 of 8 runs on an idle
-        # machine while the transfer read 300-1500 MB/s (session 38).
-        recent = min(self._last_steps) if len(self._last_steps) == DROP_STEPS else 0.0
+        recent = recent_steps_beta(self._last_steps)
         # One all-reduce for the three: rank 0's threshold is the smallest (the others send inf).
         figures = torch.tensor([math.inf if self._cycle_beta is None else self._cycle_beta, recent, threshold],
                                dtype=torch.float64)

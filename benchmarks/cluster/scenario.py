@@ -204,7 +204,7 @@ def _read_verdict(client: Client, job_id: str, step: int, verdicts: list[dict[st
     """Append the policy's latest verdict when it changed: why it kept or switched, with the
     step times it compared (what shows why a switch came late or not at all)."""
     try:
-        verdict = client.policy(job_id).get("last_verdict")
+        verdict = client.policy(job_id, timeout=1.0).get("last_verdict")  # the rate changes wait on this loop
     except Exception:  # noqa: BLE001 - a slow answer under load: read it next time
         return
     if verdict and (not verdicts or verdicts[-1]["verdict"] != verdict):

@@ -15,8 +15,8 @@ from torch.nn.parallel import DistributedDataParallel
 #: step over loopback gloo). Rank 0's own time per step is the wait plus the transfer, its
 #: reading the transfer alone, so their ratio is about (wait + transfer) / transfer: measured
 #: (session 38, 2 cores) 10-47x on an idle machine and 8.4-30x beside four busy processes. The
-#: failures were not the transfer: 1.7 and 4.7x in 2 of 8 runs here on an idle machine (with a
-#: 0.1 s wait), and most likely the 2.8x of session 37's clean-clone CI run. Half of the peer's
+#: failures were not the transfer: 1.7 and 4.7x in 2 of 8 runs here on an idle machine (of a
+#: version of this test with a 0.1 s wait), and most likely the 2.8x of session 37's clean-clone CI run. Half of the peer's
 #: transfers (1.4-2.5 ms) fell within the latency term of the probe's α (1.7 ms), which gives no
 #: sample, so the peer timed fewer than the drop check's steps and the check took the waiting
 #: rank's steps alone, folding its waits as a drop of the link (``workers.reporter.Reporter.exchange``).

@@ -42,6 +42,22 @@ def test_pin_and_release(coordinator):
     assert (status["policy_mode"], status["decision_version"]) == ("adaptive", 2)
 
 
+def test_the_last_verdict_is_the_policys_latest_reason_and_a_pin_and_release_clear_it(coordinator):
+    url = coordinator.url
+    job = submit(url, ADAPTIVE_SPEC)
+    policy = f"{url}/v1/jobs/{job['id']}/policy"
+    assert httpx.get(policy).json()["last_verdict"] is None  # no report yet
+    report(url, job, 5, bandwidth_bytes_per_second=20e6 / 8, profile=PROFILE)  # a slow link: keep ACP-SGD r4
+    kept = httpx.get(policy).json()
+    assert kept["decision_version"] == 0 and "acpsgd-r4" in kept["last_verdict"]
+    put(url, job, {"mode": "pinned", "compressor": "fp16"})
+    assert httpx.get(policy).json()["last_verdict"] is None
+    put(url, job, {"mode": "adaptive"})
+    assert httpx.get(policy).json()["last_verdict"] is None  # the verdict of before the pin is stale
+    report(url, job, 6, bandwidth_bytes_per_second=20e6 / 8)
+    assert httpx.get(policy).json()["last_verdict"]
+
+
 def test_pin_topk_ratio_on_a_fixed_job(coordinator):
     job = submit(coordinator.url)
     answer = put(coordinator.url, job, {"mode": "pinned", "compressor": "topk", "ratio": 0.05})

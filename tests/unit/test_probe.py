@@ -10,7 +10,7 @@ import pytest
 
 from planning.costmodel import ring_coefficients
 from workers.link_estimate import LinkEstimate, all_reduce_seconds, fit_alpha_beta
-from workers.passive_bandwidth import DROP_FACTOR, PassiveBandwidth, cycle_sample, drop_threshold
+from workers.passive_bandwidth import DROP_FACTOR, PassiveBandwidth, cycle_sample, drop_threshold, recent_steps_beta
 from workers.probe import DEFAULT_SIZES, probe_link
 from workers.probe_scheduler import ProbeScheduler
 
@@ -430,9 +430,11 @@ def test_a_cycle_reads_a_drop_only_when_its_last_steps_were_all_slow_on_every_ra
     assert cycle_sample(smallest=FAST, recent=FAST * 1.1, threshold=threshold) == (FAST, False)
     assert cycle_sample(smallest=FAST, recent=FAST * 3, threshold=threshold) == (FAST, False)
     # Fewer timed steps than that on some rank (a compressor whose payloads are too small to
-    # time; transfers within the latency term): that rank sends 0, so a rank whose peer went
-    # untimed does not read its waits for it as a drop.
-    assert cycle_sample(smallest=SLOW, recent=0.0, threshold=threshold) == (SLOW, False)
+    # time; transfers within the latency term): its recent is 0, so the rank that waited for
+    # it does not read its waits as a drop on its own (the group's recent is the minimum).
+    waited, untimed = recent_steps_beta([SLOW, SLOW, SLOW]), recent_steps_beta([FAST, FAST])
+    assert (waited, untimed) == (SLOW, 0.0) and recent_steps_beta([FAST, SLOW, SLOW, SLOW]) == SLOW
+    assert cycle_sample(smallest=FAST, recent=min(waited, untimed), threshold=threshold) == (FAST, False)
     sample, dropped = cycle_sample(smallest=math.inf, recent=math.inf, threshold=threshold)
     assert math.isnan(sample) and not dropped
     # Nothing to judge against (no probe yet): never a drop.

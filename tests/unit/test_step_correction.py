@@ -3,6 +3,7 @@ on synthetic traces with a frozen clock: plain floats, no torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -75,13 +76,14 @@ def test_a_residual_belongs_to_the_level_of_the_link_it_was_measured_at() -> Non
     assert correction_for(both, "powersgd-r16", MBIT50, FACTOR) == pytest.approx(-0.05)
     assert correction_for(both, "powersgd-r16", GBIT10, FACTOR) == pytest.approx(0.01)
     assert correction_for(both, "powersgd-r16", MBIT600, FACTOR) == pytest.approx(0.01)  # neither: the latest's
-    drifted = record_residual(both, "powersgd-r16", 0.04, 0.04, 1.5 * GBIT10, FACTOR, weight=0.5)
-    assert drifted[-1].residual == pytest.approx(0.005) and drifted[-1].bandwidth == pytest.approx(1.5 ** 0.5 * GBIT10)
-    assert len(drifted) == 2
+    assert correction_for(both, "fp16", MBIT50, FACTOR) == pytest.approx(0.01)  # not run: the labels' latest
+    same = record_residual(both, "powersgd-r16", 0.04, 0.04, 1.5 * GBIT10, FACTOR, weight=0.5)
+    assert same[-1] == Correction("powersgd-r16", pytest.approx(0.005), pytest.approx(1.5 ** 0.5 * GBIT10))  # follows
+    assert len(same) == 2
     alone = record_residual(record_residual((), "none", 0.02, 0.01, math.inf, FACTOR), "none", 0.02, 0.02, math.inf, FACTOR)
     assert alone == (Correction("none", pytest.approx(0.008), math.inf),)  # one worker: no link, one level
     assert correction_for(alone, "none", math.inf, FACTOR) == pytest.approx(0.008)
-    more = record_residual(record_residual(drifted, "powersgd-r16", 0.1, 0.1, MBIT600, FACTOR), "fp16", 0.1, 0.1,
+    more = record_residual(record_residual(same, "powersgd-r16", 0.1, 0.1, MBIT600, FACTOR), "fp16", 0.1, 0.1,
                            MBIT600, FACTOR)
     more = record_residual(more, "powersgd-r16", 0.1, 0.1, 4 * MBIT600, FACTOR)
     assert [(c.label, c.bandwidth) for c in more] == [  # three levels a label, the latest
@@ -181,6 +183,7 @@ def test_a_negative_residual_of_a_slow_link_does_not_keep_a_low_rank_on_the_fast
 
     assert step_s(FP16, fast) < 0.6 * step_s(low_rank, fast)  # fp16 is the faster on the fast link
     assert step_s(low_rank, fast) - 0.45 * step_s(low_rank, slow) < 0.5 * step_s(low_rank, fast)
+    assert 0.5 * step_s(low_rank, fast) < step_s(FP16, fast)  # carried, the floor put r16 ahead of fp16
 
     def report(spec: CompressorSpec, bandwidth: float, step: int, measured_s: float) -> Measurements:
         return Measurements(bandwidth, 1e-4, 2, profile, spec, step=step, errors={"powersgd-r16": 0.01},
@@ -203,6 +206,26 @@ def test_a_negative_residual_of_a_slow_link_does_not_keep_a_low_rank_on_the_fast
     assert switch is not None and switch.spec.label == "fp16", [v.reason for v in verdicts]
     assert verdicts.index(switch) <= 3
     assert switch.current_step_s == pytest.approx(step_s(low_rank, fast), rel=1e-6)  # no negative part carried
+
+
+def test_on_an_oscillating_mix_each_level_takes_its_own_correction_and_floor() -> None:
+    """fp16's step measured 30 % under the model at 50 Mbit/s (the slow reading's overpricing)
+    and 0.01 s over it at 10 Gbit/s: on a mix of the two, each level's prediction takes its own
+    residual; a level where a label has not run takes its residual's part above 0; a correction
+    takes no level's prediction below half."""
+    from planning.policy import _score
+
+    links = tuple((0.5, alpha_beta_from_bandwidth(b, LATENCY / (2 * (WORKERS - 1)))) for b in (MBIT50, GBIT10))
+    slow, fast = predicted(FP16, MBIT50), predicted(FP16, GBIT10)
+
+    def step_s(*corrections: Correction) -> float:
+        m = dataclasses.replace(report(FP16, GBIT10, 100, None), step_corrections=corrections)
+        return _score(FP16, m, links, FACTOR).step_s
+
+    both = (Correction("fp16", -0.3 * slow, MBIT50), Correction("fp16", 0.01, GBIT10))
+    assert step_s(*both) == pytest.approx(0.5 * 0.7 * slow + 0.5 * (fast + 0.01))
+    assert step_s(both[0]) == pytest.approx(0.5 * 0.7 * slow + 0.5 * fast)  # not run fast: nothing below 0 there
+    assert step_s(Correction("fp16", -0.9 * slow, MBIT50)) == pytest.approx(0.5 * 0.5 * slow + 0.5 * fast)
 
 
 def test_the_steps_mix_of_a_run_whose_steps_went_back_is_none() -> None:
