@@ -310,9 +310,10 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
     # window that met two stretches is folded only for a choice whose step hardly depends on the
     # link, above). Why not the stretch most of its steps ran at: on a fast link the readings
     # scatter over stretches a factor 2 apart (2-13 Gbit/s on a 1 Gbit/s link), and each would
-    # start a level of its own from one report's residual; so recorded, the replay of 16 kept
-    # adaptive runs (session 38) moved none to fp16 on the steady fast link in two of them,
-    # where session 37's policy and this one, by the log-mean, keep every switch as it was.
+    # start a level of its own from one report's residual; so recorded, the replay of 20 kept
+    # adaptive runs (session 38) changed the switches of 7 (none to fp16 on the steady fast link
+    # in two, early moves to fp16 on fast-slow-fast's first fast stretch), where session 37's
+    # policy and this one, by the log-mean, make the same switches in all 20.
     bandwidth = math.exp(math.fsum(share * math.log(_bandwidth_of(link)) for share, link in links))
     return dataclasses.replace(state, corrections=record_residual(state.corrections, spec.label, m.measured_step_s,
                                                                   predicted, bandwidth, cfg.level_shift_factor))
