@@ -153,9 +153,9 @@ def adopt_settings(candidate: CompressorSpec, current: CompressorSpec) -> Compre
 # --------------------------------------------------------------------------------------------
 
 
-def _predicted_step(spec: CompressorSpec, m: Measurements, links: Links) -> float:
-    """The cost model's step time of ``spec``, averaged over ``links`` by their shares."""
-    return math.fsum(share * predict_step(spec, m.profile, m.world_size, link).step_s for share, link in links)
+def _predicted_step(spec: CompressorSpec, m: Measurements, link: Link) -> float:
+    """The cost model's step time of ``spec`` at ``link``."""
+    return predict_step(spec, m.profile, m.world_size, link).step_s
 
 
 def _score(spec: CompressorSpec, m: Measurements, links: Links, level_factor: float) -> Scored:
@@ -173,7 +173,7 @@ def _score(spec: CompressorSpec, m: Measurements, links: Links, level_factor: fl
 
 def _corrected(spec: CompressorSpec, m: Measurements, link: Link, level_factor: float) -> float:
     """The cost model's step of ``spec`` at ``link``, corrected (see :func:`_score`)."""
-    predicted = predict_step(spec, m.profile, m.world_size, link).step_s
+    predicted = _predicted_step(spec, m, link)
     correction = correction_for(m.step_corrections, spec.label, _bandwidth_of(link), level_factor)
     return max(0.5 * predicted, predicted + correction)
 
@@ -300,7 +300,7 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
         return state
     mix = steps_mix(state.stretches, m.step, m.measured_steps)
     links = _link_now(state, m) if mix is None else tuple((share, _link_at(b, state, m)) for share, b in mix)
-    predictions = [_predicted_step(spec, m, ((1.0, link),)) for _, link in links]
+    predictions = [_predicted_step(spec, m, link) for _, link in links]
     if max(predictions) > (1 + LINK_SENSITIVE) * min(predictions):
         return state
     predicted = math.fsum(share * p for (share, _), p in zip(links, predictions))
