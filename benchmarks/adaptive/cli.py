@@ -22,6 +22,7 @@ from benchmarks.adaptive.results import (
     none_curve_spread,
     overall_verdict,
     run_result,
+    scenario_floor,
     scenario_verdict,
 )
 from benchmarks.adaptive.scenarios import (
@@ -184,6 +185,7 @@ def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir:
     scenario["verdict"] = scenario_verdict(runs)
     if mine:
         scenario["references"] = mine
+        scenario["uncompressed_floor"] = scenario_floor(scenario)
         own_runs, own = judged_runs(repeats, phases, ())
         scenario["against_own_none"] = {"targets_by_seed": {str(seed): t for seed, t in own.items()},
                                         "verdict": scenario_verdict(own_runs),
@@ -340,7 +342,8 @@ def main(argv: Sequence[str] | None = None, backends: BackendFactory = local_bac
     for path in args.include or []:  # scenarios measured by another run of this command
         for name, scenario in json.loads(path.read_text())["scenarios"].items():
             # judged again by this code's rules (the best fixed choice changed in session 18)
-            doc["scenarios"].setdefault(name, {**scenario, "verdict": scenario_verdict(scenario["runs"]), "from": str(path)})
+            doc["scenarios"].setdefault(name, {**scenario, "verdict": scenario_verdict(scenario["runs"]), "from": str(path),
+                                               "uncompressed_floor": scenario_floor(scenario)})
     doc["verdict"] = overall_verdict(doc)
     doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr,
                   "lr_schedule": args.lr_schedule,

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from benchmarks.adaptive.jobs import HeldOut, JobRun
-from benchmarks.adaptive.results import combine_repeats, eval_points, scenario_verdict, worst_ratios
+from benchmarks.adaptive.report import floor_line
+from benchmarks.adaptive.results import combine_repeats, eval_points, scenario_verdict, uncompressed_floor, worst_ratios
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from benchmarks.adaptive.targets import judge_by_seed
 from benchmarks.outputs import write_whole
@@ -243,7 +244,8 @@ def judgement(runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[flo
     used = judge_by_seed(judged, phases, references)
     entries = {label: combine_repeats(results) for label, results in judged.items()}
     verdict = scenario_verdict(entries)
-    return {
+    floor = {"uncompressed_floor": uncompressed_floor(judged["none"], references)} if references else {}
+    return {**floor,
         "targets_by_seed": {str(seed): round(t, 5) for seed, t in used.items()},
         "best_fixed": verdict["best_fixed"], "ratio_to_best": verdict["ratio_to_best"],
         "final_vs_none": verdict["final_eval_vs_none"],
@@ -266,6 +268,8 @@ def markdown(doc: dict[str, Any]) -> str:
         against = {n: row["against_reference"] for n, row in by_size.items() if "against_reference" in row}
         if against:
             lines += _table(f"**{name}**, against the reference runs' targets", against)
+            lines += [f"{n} held-out samples: {floor_line(row['uncompressed_floor'])}"
+                      for n, row in against.items() if row.get("uncompressed_floor")] + [""]
     for n, worst in doc.get("worst_ratio", {}).items():
         for key, title in (("against_reference", "against the reference runs' targets"), ("own", "against `none`'s own targets")):
             if key in worst:

@@ -84,6 +84,9 @@ def markdown(doc: dict[str, Any]) -> str:
             out.append(f"| {label} | {ttt} | {each} | {shown} | {r['total_s']:.2f} | "
                        f"{r['final_eval']:.4f} | {v['final_eval_vs_none'][label]:+.1%} | {r['foreign_cores']} | {moves} |")
         out.append("")
+        floor = scenario.get("uncompressed_floor")
+        if floor:
+            out += [floor_line(floor), ""]
         own = scenario.get("against_own_none")
         if own:
             ratios = ", ".join(f"{label} {'miss' if r is None else f'{r:.3f}'}"
@@ -117,3 +120,9 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def floor_line(floor: dict[str, Any]) -> str:
+    """The finals rule applied to uncompressed runs (``results.uncompressed_floor``), in words."""
+    low, high = floor["interval"]
+    return (f"An uncompressed run by the same finals rule (each of a seed's `none` runs against the median of the "
+            f"seed's others, one a seed drawn again, the median over {floor['seeds']} seeds): {low:+.1%} to "
+            f"{high:+.1%} (5th-95th percentile), above {floor['margin']:+.0%} in {floor['above_margin']:.0%} of draws.")

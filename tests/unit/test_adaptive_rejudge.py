@@ -140,6 +140,9 @@ def test_kept_reference_runs_judge_each_size_a_second_time(tmp_path: Path, capsy
         label: entry["final_vs_none"] for label, entry in stored["scenarios"]["steady"]["runs"].items()}
     assert row["hit_steps"]["none"]["0"] is not None and row["hit_steps"]["none"]["0"] <= 135
     assert "against the reference runs' targets" in out.with_suffix(".md").read_text()
+    # The finals rule applied to seed 0's four uncompressed runs (the judged none and three references).
+    assert against["uncompressed_floor"]["seeds"] == 1 and "uncompressed_floor" not in row
+    assert "An uncompressed run by the same finals rule" in out.with_suffix(".md").read_text()
     with pytest.raises(SystemExit):
         main([str(result), str(keep), "--references", str(tmp_path / "absent")])
     assert "--references: no directory" in capsys.readouterr().err

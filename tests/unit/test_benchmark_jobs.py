@@ -157,6 +157,31 @@ def test_a_reference_target_judges_none_like_every_other_choice() -> None:
     assert [repeats[label][0]["final_vs_none"] for label in ("none", "a")] == [0.0, round(0.503 / 0.50 - 1, 4)]
 
 
+def test_the_uncompressed_floor_sets_each_run_against_the_median_of_its_seeds_others() -> None:
+    """Seed 0's uncompressed finals 1.00, 1.00 (judged) and 1.10: the third lies +10 % over the
+    median of the other two, each of the first two −4.8 % under the median of 1.00 and 1.10.
+    With one seed a draw's median is the run drawn, so a third of the draws lie above +1 %.
+    Seed 1 ran once and has nothing to be set against; with no seed run twice there is no floor."""
+    from benchmarks.adaptive.report import floor_line
+    from benchmarks.adaptive.results import scenario_floor, uncompressed_floor
+
+    judged = [{"seed": 0, "final_eval": 1.00}, {"seed": 1, "final_eval": 0.7}]
+    references = [{"seed": 0, "final_eval": 1.00}, {"seed": 0, "final_eval": 1.10}]
+    floor = uncompressed_floor(judged, references)
+    assert floor is not None
+    assert floor["interval"] == [round(1.00 / 1.05 - 1, 4), 0.1]
+    assert floor["seeds"] == 1 and floor["margin"] == 0.01
+    assert 0.28 < floor["above_margin"] < 0.39
+    assert "above +1% in" in floor_line(floor) and "-4.8% to +10.0%" in floor_line(floor)
+    assert uncompressed_floor(judged) is None
+    # A stored scenario: the none entry's repeats and the references; none without references.
+    stored = {"runs": {"none": {"final_eval": 1.00, "repeats": judged}}, "references": references}
+    assert scenario_floor(stored) == floor
+    assert scenario_floor({**stored, "references": []}) is None
+    same = uncompressed_floor([{"seed": s, "final_eval": 0.4} for s in range(4)] * 2)
+    assert same is not None and same["interval"] == [0.0, 0.0] and same["above_margin"] == 0.0 and same["seeds"] == 4
+
+
 def test_references_default_to_three_a_seed_one_with_quick_and_are_refused_below_zero(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert adaptive.parse_args([]).references == 3 and adaptive.parse_args(["--quick"]).references == 1
