@@ -229,8 +229,8 @@ def uncompressed_floor(none_runs: Sequence[dict[str, Any]], references: Sequence
     offsets = [[run["final_eval"] / median([o["final_eval"] for j, o in enumerate(runs) if j != i]) - 1
                 for i, run in enumerate(runs)] for runs in grouped]
     rng = random.Random(seed)
-    medians = sorted(median_high([rng.choice(seed_offsets) for seed_offsets in offsets]) for _ in range(draws))
-    return {"interval": [round(medians[min(draws - 1, int(q * draws))], 4) for q in INTERVAL_QUANTILES],
+    medians = [median_high([rng.choice(seed_offsets) for seed_offsets in offsets]) for _ in range(draws)]
+    return {"interval": [_quantile(medians, q, digits=4) for q in INTERVAL_QUANTILES],
             "above_margin": round(sum(m > margin for m in medians) / draws, 3), "margin": margin, "seeds": len(grouped)}
 
 
@@ -273,12 +273,12 @@ def _drawn_again(grouped: dict[str, dict[Any, list[dict[str, Any]]]], rng: rando
     return out
 
 
-def _quantile(values: Sequence[float], q: float) -> float | None:
+def _quantile(values: Sequence[float], q: float, digits: int = 3) -> float | None:
     """The value at index ``floor(q·n)`` of ``values`` in order (the ``q`` quantile to within one
-    draw of 2000), rounded; None for a miss (infinite, or no seed to compare)."""
+    draw of 2000), rounded to ``digits``; None for a miss (infinite, or no seed to compare)."""
     ordered = sorted(values, key=lambda v: math.inf if math.isnan(v) else v)
     value = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-    return round(value, 3) if math.isfinite(value) else None
+    return round(value, digits) if math.isfinite(value) else None
 
 
 def best_fixed(runs: dict[str, dict[str, Any]], fixed: Sequence[str]) -> str:
