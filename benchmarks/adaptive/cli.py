@@ -14,6 +14,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterator, Sequence
 
+from benchmarks.adaptive.finals_floor import scenario_floor
 from benchmarks.adaptive.jobs import Backend, HeldOut, JobRun, LocalBackend, rank_entry
 from benchmarks.adaptive.report import markdown, plot
 from benchmarks.adaptive.results import (
@@ -22,7 +23,6 @@ from benchmarks.adaptive.results import (
     none_curve_spread,
     overall_verdict,
     run_result,
-    scenario_floor,
     scenario_verdict,
 )
 from benchmarks.adaptive.scenarios import (

@@ -40,9 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from benchmarks.adaptive.finals_floor import uncompressed_floor
 from benchmarks.adaptive.jobs import HeldOut, JobRun
 from benchmarks.adaptive.report import floor_line
-from benchmarks.adaptive.results import combine_repeats, eval_points, scenario_verdict, uncompressed_floor, worst_ratios
+from benchmarks.adaptive.results import combine_repeats, eval_points, scenario_verdict, worst_ratios
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from benchmarks.adaptive.targets import judge_by_seed
 from benchmarks.outputs import write_whole

@@ -121,7 +121,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def floor_line(floor: dict[str, Any]) -> str:
-    """The finals rule applied to uncompressed runs (``results.uncompressed_floor``), in words."""
+    """The finals rule applied to uncompressed runs (``finals_floor.uncompressed_floor``), in words."""
     low, high = floor["interval"]
     return (f"An uncompressed run by the same finals rule (each of a seed's `none` runs against the median of the "
             f"seed's others, one a seed drawn again, the median over {floor['seeds']} seeds): {low:+.1%} to "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import random
-from statistics import median, median_high
+from statistics import median_high
 from typing import Any, Iterable, Sequence
 
 from benchmarks.adaptive.jobs import JobRun
@@ -197,52 +197,7 @@ def ratio_intervals(runs: dict[str, dict[str, Any]], draws: int = INTERVAL_DRAWS
         best = drawn[best_fixed(drawn, fixed)]
         for label, entry in drawn.items():
             samples[label].append(_raw_paired_ratio(entry, best))
-    return {label: [_quantile(values, q) for q in INTERVAL_QUANTILES] for label, values in samples.items()}
-
-
-#: The issue's margin on the final held-out loss: adaptive's within 1 % of uncompressed training's.
-FINAL_MARGIN = 0.01
-
-
-def uncompressed_floor(none_runs: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]] = (),
-                       margin: float = FINAL_MARGIN, draws: int = INTERVAL_DRAWS, seed: int = 0) -> dict[str, Any] | None:
-    """How an uncompressed run fares by the finals rule: where "vs none" lands for a run that
-    loses nothing, on these seeds.
-
-    Each of a seed's uncompressed runs (the judged ``none`` runs and the references) is set
-    against the median of the seed's others, as a judged run is set against the median of all
-    of them (``targets.uncompressed_finals``); a draw takes one such run a seed and the median
-    over the seeds (the upper median), as the verdict's "vs none" does (:func:`combine_repeats`). Returns the 5th-95th percentile of that
-    median over ``draws`` draws (``interval``, a share: 0.01 is +1 %), the share of draws above
-    ``margin`` (``above_margin``) and the seeds with two runs or more (``seeds``); None without
-    such a seed. Deterministic for a given ``seed``.
-
-    Why: the finals of one seed's uncompressed runs, which differ only in the order of the
-    training samples, lay 2.4-6.9 % apart on seeds 16-19 (one run's sd against the seed's
-    others: 2.9 %), and fp16, whose error is 2e-4, scored +2.0 % on those seeds. A verdict of
-    +2 % on four seeds says nothing of a compressor unless an uncompressed run would rarely
-    score it; this says how often one does, from the runs at hand.
-    """
-    grouped = [runs for runs in by_seed([*none_runs, *references]).values() if len(runs) >= 2]
-    if not grouped:
-        return None
-    offsets = [[run["final_eval"] / median([o["final_eval"] for j, o in enumerate(runs) if j != i]) - 1
-                for i, run in enumerate(runs)] for runs in grouped]
-    rng = random.Random(seed)
-    medians = [median_high([rng.choice(seed_offsets) for seed_offsets in offsets]) for _ in range(draws)]
-    return {"interval": [_quantile(medians, q, digits=4) for q in INTERVAL_QUANTILES],
-            "above_margin": round(sum(m > margin for m in medians) / draws, 3), "margin": margin, "seeds": len(grouped)}
-
-
-def scenario_floor(scenario: dict[str, Any]) -> dict[str, Any] | None:
-    """:func:`uncompressed_floor` of a stored scenario: its ``none`` runs (each seed's run in the
-    entry's ``repeats``) and its reference runs; None without references (the finals are then
-    judged against the ``none`` run itself)."""
-    references = scenario.get("references") or []
-    none = scenario["runs"].get("none")
-    if not references or none is None:
-        return None
-    return uncompressed_floor(none.get("repeats") or [none], references)
+    return {label: [quantile(values, q) for q in INTERVAL_QUANTILES] for label, values in samples.items()}
 
 
 def _drawn_again(grouped: dict[str, dict[Any, list[dict[str, Any]]]], rng: random.Random) -> dict[str, dict[str, Any]]:
@@ -273,7 +228,7 @@ def _drawn_again(grouped: dict[str, dict[Any, list[dict[str, Any]]]], rng: rando
     return out
 
 
-def _quantile(values: Sequence[float], q: float, digits: int = 3) -> float | None:
+def quantile(values: Sequence[float], q: float, digits: int = 3) -> float | None:
     """The value at index ``floor(q·n)`` of ``values`` in order (the ``q`` quantile to within one
     draw of 2000), rounded to ``digits``; None for a miss (infinite, or no seed to compare)."""
     ordered = sorted(values, key=lambda v: math.inf if math.isnan(v) else v)

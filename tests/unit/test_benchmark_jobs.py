@@ -162,8 +162,8 @@ def test_the_uncompressed_floor_sets_each_run_against_the_median_of_its_seeds_ot
     median of the other two, each of the first two −4.8 % under the median of 1.00 and 1.10.
     With one seed a draw's median is the run drawn, so a third of the draws lie above +1 %.
     Seed 1 ran once and has nothing to be set against; with no seed run twice there is no floor."""
+    from benchmarks.adaptive.finals_floor import scenario_floor, uncompressed_floor
     from benchmarks.adaptive.report import floor_line
-    from benchmarks.adaptive.results import scenario_floor, uncompressed_floor
 
     judged = [{"seed": 0, "final_eval": 1.00}, {"seed": 1, "final_eval": 0.7}]
     references = [{"seed": 0, "final_eval": 1.00}, {"seed": 0, "final_eval": 1.10}]
