@@ -226,6 +226,17 @@ def level_mix(levels: LevelHistory, stretches: StretchHistory, now: float, step:
     plain = [level.typical for level in in_span if not level.lossy]
     if lossy and plain and min(plain) < separation * max(lossy):
         return None
+    shares = stretch_shares(stretches, start, now, step)
+    if not shares:
+        return None
+    return LevelMix(tuple(stretch for _, stretch in shares), tuple(share for share, _ in shares),
+                    sum(1 for t in shift_times if t >= start), now - max(start, stretches[0].since))
+
+
+def stretch_shares(stretches: StretchHistory, start: float, now: float, step: int | None) -> tuple[tuple[float, Stretch], ...]:
+    """(share, stretch) of the link's stretches from ``start`` to ``now``, by the steps run at
+    each (one that began before ``start`` by its steps times the share of its time inside);
+    by seconds when a step is unknown. Empty when nothing was run in that span."""
     ends = [(stretch.since, stretch.since_step) for stretch in stretches[1:]] + [(now, step)]
     spanned = [(stretch, end, end_step) for stretch, (end, end_step) in zip(stretches, ends)
                if end >= start and end > stretch.since]
@@ -241,10 +252,7 @@ def level_mix(levels: LevelHistory, stretches: StretchHistory, now: float, step:
         if weight > 0:
             weights.append((weight, stretch))
     total = math.fsum(w for w, _ in weights)
-    if total <= 0:
-        return None
-    return LevelMix(tuple(stretch for _, stretch in weights), tuple(w / total for w, _ in weights),
-                    sum(1 for t in shift_times if t >= start), now - max(start, stretches[0].since))
+    return tuple((w / total, stretch) for w, stretch in weights) if total > 0 else ()
 
 
 def steps_mix(stretches: StretchHistory, step: int | None, steps: int) -> tuple[tuple[float, float], ...] | None:

@@ -53,7 +53,9 @@ Algorithm of :func:`decide`:
    A lossy candidate the job has not run is chosen over the best one judged on record (one
    that ran, or ``none`` and the casts, whose error is known) only when it is predicted to save
    more than ``gain_threshold`` of that one's time per progress
-   (``planning.hysteresis.explore_on_clear_gain``).
+   (``planning.hysteresis.explore_on_clear_gain``). A move between ``none`` and the casts
+   must also pass its threshold over the link's stretches of the last oscillation window
+   (:func:`_loses_on_recent_link`): a link that dropped lately may drop again.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from planning import hysteresis, registry
 from planning.costmodel import Link, alpha_beta_from_bandwidth, predict_step
 from planning.hysteresis import without_dwell
 from planning.link import describe_rate
-from planning.link_levels import LevelMix, level_mix, record_level, record_stretch, steps_mix
+from planning.link_levels import LevelMix, level_mix, record_level, record_stretch, steps_mix, stretch_shares
 from planning.link_smoothing import fold_sample
 from planning.policy_types import Keep, Links, Measurements, PolicyConfig, PolicyState, Scored, Switch, Verdict
 from planning.progress import (
@@ -319,6 +321,39 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
                                                                   predicted, bandwidth, cfg.level_shift_factor))
 
 
+def _loses_on_recent_link(current: Scored, best: Scored, m: Measurements, state: PolicyState, cfg: PolicyConfig,
+                          now: float, threshold: float) -> str | None:
+    """Why a move between two choices whose error is known (``none`` and the casts) is held
+    back: over the stretches the link went through in the last oscillation window it saves no
+    more than ``threshold``; None when it does, or when the move is of another kind.
+
+    Why: such a move trades a few per cent of the step on the link as it stands (fp16 → ``none``
+    "3.5 % less time per progress" at 1 Gbit/s) against the next drop of the link, which the
+    averaged reading follows several steps late, each at the new choice's step there: ``none``
+    sends twice fp16's bytes. On the benchmark's oscillating link, before the mix was
+    recognised (its sides change only with the policy's moves, and compressing it sees the link
+    come back late), 4 of 20 adaptive runs moved fp16 → ``none`` at steps 145-160 of a fast
+    stretch, and the slow stretch from step 160 began on ``none`` for 7-12 steps, each ~4x
+    PowerSGD r4's there (README, session 39, item 1; session 40). A link that dropped within
+    the window may drop again; one that held its level passes as before (one stretch: the
+    same comparison). A move to or from a lossy choice is judged on the link as it stands:
+    leaving compression when the link comes back is what fast-slow-fast asks for.
+    """
+    if registry.is_lossy(current.spec.name) or registry.is_lossy(best.spec.name):
+        return None
+    window = stretch_shares(state.stretches, now - cfg.oscillation_window_s, now, m.step)
+    if not state.stretches or all(stretch.since == state.stretches[-1].since for _, stretch in window):
+        return None  # the link held its level over the window (or its new one has no steps yet)
+    links = tuple((share, _link_at(stretch.bandwidth, state, m)) for share, stretch in window)
+    on_window = hysteresis.gain(_score(current.spec, m, links, cfg.level_shift_factor),
+                                _score(best.spec, m, links, cfg.level_shift_factor))
+    if on_window > threshold:
+        return None
+    slowest = min(stretch.bandwidth for _, stretch in window)
+    return (f"over the link of the last {cfg.oscillation_window_s:.0f} s (down to {describe_rate(slowest)}) "
+            f"it saves {on_window:.1%}, not above the {threshold:.0%} threshold: the link may drop again")
+
+
 def alpha_of(all_reduce_latency_s: float, world_size: int) -> float:
     """α from a zero-byte all-reduce's time ``2(N−1)·α`` (ring model; no link for N = 1)."""
     return all_reduce_latency_s / (2 * (world_size - 1)) if world_size > 1 else 0.0
@@ -376,6 +411,9 @@ def decide(
     threshold = hysteresis.threshold(current, best, state, cfg)
     if gain <= threshold:
         return Keep(f"{comparison}; below the {threshold:.0%} threshold", current.step_s), state
+    exposed = None if mix is not None else _loses_on_recent_link(current, best, m, state, cfg, now, threshold)
+    if exposed is not None:
+        return Keep(f"{comparison}; {exposed}", current.step_s), state
     if state.last_switch_at is not None and now - state.last_switch_at < cfg.min_dwell_s:
         waited = now - state.last_switch_at
         if hysteresis.trial_measured(state, m.current.label):

@@ -291,3 +291,33 @@ def test_swings_within_the_switching_threshold_are_no_change_of_side() -> None:
     # With neither, the same swings read as a link oscillating between the sides.
     levels, reasons = swinging(dataclasses.replace(fine, gain_threshold=0.0))
     assert levels >= 2 * DEFAULTS.oscillation_shifts and any("link oscillates" in r for r in reasons)
+
+
+def test_a_move_between_casts_and_none_must_also_pay_on_the_links_recent_stretches() -> None:
+    """fp16 runs; ``none`` steps 11 % faster at 10 Gbit/s (this profile) and twice as slow at
+    50 Mbit/s. After a slow stretch, the move to ``none`` on the fast link waits until the
+    slow stretch has left the oscillation window (8 s here); on a link that was fast all along
+    it is made after the dwell."""
+    cfg = dataclasses.replace(DEFAULTS, min_dwell_s=2.0)  # window 8 s
+
+    def run(trace: list[float]) -> tuple[list[tuple[float, str]], list[str]]:
+        state, current, switches, reasons = PolicyState(), make_spec("fp16"), [], []
+        for second, bandwidth in enumerate(trace):
+            m = Measurements(bandwidth, LATENCY, WORKERS, PROFILE, current, step=10 * second, errors={})
+            decision, state = decide(state, m, cfg, float(second))
+            reasons.append(decision.reason)
+            if isinstance(decision, Switch):
+                switches.append((float(second), decision.spec.label))
+                current = decision.spec
+        return switches, reasons
+
+    steady, _ = run([GBIT10] * 20)
+    assert steady == [(0.0, "none")]  # at once: no dwell to wait out
+    switches, reasons = run([MBIT50] * 3 + [GBIT10] * 17)
+    assert [label for _, label in switches] == ["none"]
+    moved = switches[0][0]
+    # The average follows the rise at its second report (4 s), which ends the slow stretch; the
+    # move waits on every fast report until that end lies outside the window, and says why.
+    held = [r for r in reasons[4:int(moved)] if "the link may drop again" in r]
+    assert len(held) == int(moved) - 4 and all("down to 50 Mb/s" in r for r in held), reasons
+    assert moved == 4 + cfg.oscillation_window_s, (moved, reasons)
