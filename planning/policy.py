@@ -53,9 +53,10 @@ Algorithm of :func:`decide`:
    A lossy candidate the job has not run is chosen over the best one judged on record (one
    that ran, or ``none`` and the casts, whose error is known) only when it is predicted to save
    more than ``gain_threshold`` of that one's time per progress
-   (``planning.hysteresis.explore_on_clear_gain``). A move between ``none`` and the casts
-   must also pass its threshold over the link's stretches of the last oscillation window
-   (:func:`_loses_on_recent_link`): a link that dropped lately may drop again.
+   (``planning.hysteresis.explore_on_clear_gain``). A move between ``none`` and the casts to
+   one that sends more bytes must also pass its threshold over the link's stretches of the
+   last oscillation window (:func:`_loses_on_recent_link`): a link that dropped lately may
+   drop again.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from planning.progress import (
 )
 from planning.spec import CompressorSpec
 from planning.step_correction import LINK_SENSITIVE, MAX_RESIDUAL, MIN_TIMED_STEPS, correction_for, record_residual
+from planning.wire import wire_bytes
 
 __all__ = ["Keep", "Measurements", "PolicyConfig", "PolicyState", "Switch", "Verdict", "adopt_settings", "alpha_of",
            "decide", "guard_failure", "without_dwell"]
@@ -323,9 +325,10 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
 
 def _loses_on_recent_link(current: Scored, best: Scored, m: Measurements, state: PolicyState, cfg: PolicyConfig,
                           now: float, threshold: float) -> str | None:
-    """Why a move between two choices whose error is known (``none`` and the casts) is held
-    back: over the stretches the link went through in the last oscillation window it saves no
-    more than ``threshold``; None when it does, or when the move is of another kind.
+    """Why a move between two choices whose error is known (``none`` and the casts), to one
+    that sends more bytes, is held back: over the stretches the link went through in the last
+    oscillation window it saves no more than ``threshold``; None when it does, or when the
+    move is of another kind.
 
     Why: such a move trades a few per cent of the step on the link as it stands (fp16 → ``none``
     "3.5 % less time per progress" at 1 Gbit/s) against the next drop of the link, which the
@@ -336,7 +339,10 @@ def _loses_on_recent_link(current: Scored, best: Scored, m: Measurements, state:
     stretch, and the slow stretch from step 160 began on ``none`` for 7-12 steps, each ~4x
     PowerSGD r4's there (README, session 39, item 1; session 40). A link that dropped within
     the window may drop again; one that held its level passes as before (one stretch: the
-    same comparison). A move to or from a lossy choice is judged on the link as it stands:
+    same comparison), and so does a move to a choice that sends no more bytes (fp16 for bf16:
+    as exposed as the choice it leaves; on the steady fast
+    link the readings' swings span stretches 2x apart, and such a move was held there in one
+    of session 40's 48 kept runs). A move to or from a lossy choice is judged on the link as it stands:
     leaving compression when the link comes back is what fast-slow-fast asks for.
     """
     if registry.is_lossy(current.spec.name) or registry.is_lossy(best.spec.name):
@@ -344,6 +350,9 @@ def _loses_on_recent_link(current: Scored, best: Scored, m: Measurements, state:
     window = stretch_shares(state.stretches, now - cfg.oscillation_window_s, now, m.step)
     if not state.stretches or all(stretch.since == state.stretches[-1].since for _, stretch in window):
         return None  # the link held its level over the window (or its new one has no steps yet)
+    shapes = m.profile.shapes
+    if wire_bytes(best.spec, shapes, m.world_size) <= wire_bytes(current.spec, shapes, m.world_size):
+        return None  # no more bytes, no more exposed to a drop than the current choice (a cast for a cast)
     links = tuple((share, _link_at(stretch.bandwidth, state, m)) for share, stretch in window)
     on_window = hysteresis.gain(_score(current.spec, m, links, cfg.level_shift_factor),
                                 _score(best.spec, m, links, cfg.level_shift_factor))
