@@ -339,11 +339,11 @@ def _loses_on_recent_link(current: Scored, best: Scored, m: Measurements, state:
     stretch, and the slow stretch from step 160 began on ``none`` for 7-12 steps, each ~4x
     PowerSGD r4's there (README, session 39, item 1; session 40). A link that dropped within
     the window may drop again; one that held its level passes as before (one stretch: the
-    same comparison), and so does a move to a choice that sends no more bytes (fp16 for bf16:
-    as exposed as the choice it leaves; on the steady fast
-    link the readings' swings span stretches 2x apart, and such a move was held there in one
-    of session 40's 48 kept runs). A move to or from a lossy choice is judged on the link as it stands:
-    leaving compression when the link comes back is what fast-slow-fast asks for.
+    same comparison), and so does a move to a choice that sends no more bytes (fp16 for bf16
+    is as exposed as the choice it leaves; on the steady fast link the readings' swings span
+    stretches 2x apart, and such a move was held there in one of session 40's 48 kept runs).
+    A move to or from a lossy choice is judged on the link as it stands: leaving compression
+    when the link comes back is what fast-slow-fast asks for.
     """
     if registry.is_lossy(current.spec.name) or registry.is_lossy(best.spec.name):
         return None

@@ -297,7 +297,7 @@ def test_a_move_between_casts_and_none_must_also_pay_on_the_links_recent_stretch
     """fp16 runs; ``none`` steps 11 % faster at 10 Gbit/s (this profile) and twice as slow at
     50 Mbit/s. After a slow stretch, the move to ``none`` on the fast link waits until the
     slow stretch has left the oscillation window (8 s here); on a link that was fast all along
-    it is made after the dwell."""
+    it is made at once."""
     cfg = dataclasses.replace(DEFAULTS, min_dwell_s=2.0)  # window 8 s
 
     def run(trace: list[float]) -> tuple[list[tuple[float, str]], list[str]]:
