@@ -12,8 +12,9 @@ import math
 
 from planning import registry
 from planning.costmodel import alpha_beta_from_bandwidth, predict_step
-from planning.policy import Measurements, PolicyConfig, adopt_settings, alpha_of, guard_failure
+from planning.policy import Measurements, PolicyConfig, adopt_settings, guard_failure
 from planning.progress import seconds_per_progress
+from planning.scoring import alpha_of
 
 
 def estimates_can_matter(m: Measurements, cfg: PolicyConfig) -> bool:

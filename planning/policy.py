@@ -21,8 +21,9 @@ Algorithm of :func:`decide`:
    a rank to raise) are excluded; none/fp16/bf16 stay allowed. If nothing allowed passes the
    critical guard, the ordinary guard applies.
 4. **Predict** every candidate that passes the guard, and the current choice, with
-   :func:`planning.costmodel.predict_step` at the smoothed link, and weigh it by its
-   measured compression error (``Measurements.errors``, from ``compressors.quality``):
+   :func:`planning.costmodel.predict_step` at the smoothed link (``planning.scoring``), and
+   weigh it by its measured compression error (``Measurements.errors``, from
+   ``compressors.quality``):
    the objective is progress per second, ``δ(ε) / step_s`` (:mod:`planning.progress`),
    i.e. the candidate with the least *time per unit of progress* ``τ = step_s / δ`` wins
    (ties go to the less lossy one). Estimates are calibrated by what the running
@@ -55,8 +56,8 @@ Algorithm of :func:`decide`:
    more than ``gain_threshold`` of that one's time per progress
    (``planning.hysteresis.explore_on_clear_gain``). A move between ``none`` and the casts to
    one that sends more bytes must also pass its threshold over the link's stretches of the
-   last oscillation window (:func:`_loses_on_recent_link`): a link that dropped lately may
-   drop again.
+   last oscillation window (:func:`planning.recent_link.loses_on_recent_link`): a link that
+   dropped lately may drop again.
 """
 
 from __future__ import annotations
@@ -66,25 +67,19 @@ import math
 from typing import Iterable
 
 from planning import hysteresis, registry
-from planning.costmodel import Link, alpha_beta_from_bandwidth, predict_step
 from planning.hysteresis import without_dwell
 from planning.link import describe_rate
-from planning.link_levels import LevelMix, level_mix, record_level, record_stretch, steps_mix, stretch_shares
+from planning.link_levels import LevelMix, level_mix, record_level, record_stretch, steps_mix
 from planning.link_smoothing import fold_sample
 from planning.policy_types import Keep, Links, Measurements, PolicyConfig, PolicyState, Scored, Switch, Verdict
-from planning.progress import (
-    calibrated_errors,
-    error_of,
-    record_running,
-    record_spread,
-    seconds_per_progress,
-)
+from planning.progress import calibrated_errors, record_running, record_spread
+from planning.recent_link import loses_on_recent_link
+from planning.scoring import bandwidth_of, least_tau, link_at, link_now, predicted_step, score
 from planning.spec import CompressorSpec
-from planning.step_correction import LINK_SENSITIVE, MAX_RESIDUAL, MIN_TIMED_STEPS, correction_for, record_residual
-from planning.wire import wire_bytes
+from planning.step_correction import LINK_SENSITIVE, MAX_RESIDUAL, MIN_TIMED_STEPS, record_residual
 
-__all__ = ["Keep", "Measurements", "PolicyConfig", "PolicyState", "Switch", "Verdict", "adopt_settings", "alpha_of",
-           "decide", "guard_failure", "without_dwell"]
+__all__ = ["Keep", "Measurements", "PolicyConfig", "PolicyState", "Switch", "Verdict", "adopt_settings", "decide",
+           "guard_failure", "without_dwell"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,43 +152,6 @@ def adopt_settings(candidate: CompressorSpec, current: CompressorSpec) -> Compre
 # --------------------------------------------------------------------------------------------
 
 
-def _predicted_step(spec: CompressorSpec, m: Measurements, link: Link) -> float:
-    """The cost model's step time of ``spec`` at ``link``."""
-    return predict_step(spec, m.profile, m.world_size, link).step_s
-
-
-def _score(spec: CompressorSpec, m: Measurements, links: Links, level_factor: float) -> Scored:
-    """``spec``'s step time, the prediction corrected by what the job measured
-    (``planning.step_correction``: at each of ``links`` by the level it lies at), and its time
-    per progress. A correction never takes more than half of a prediction away: a measured
-    mean the link's smoothing placed on the wrong level can lie far below the model for a while."""
-    step_s = math.fsum(share * _corrected(spec, m, link, level_factor) for share, link in links)
-    if m.errors is None:
-        return Scored(spec, spec.label, step_s, None, step_s)
-    error = error_of(spec.label, spec.name, m.errors)
-    tau = math.inf if error is None else seconds_per_progress(step_s, error)
-    return Scored(spec, spec.label, step_s, error, tau)
-
-
-def _corrected(spec: CompressorSpec, m: Measurements, link: Link, level_factor: float) -> float:
-    """The cost model's step of ``spec`` at ``link``, corrected (see :func:`_score`)."""
-    predicted = _predicted_step(spec, m, link)
-    correction = correction_for(m.step_corrections, spec.label, _bandwidth_of(link), level_factor)
-    return max(0.5 * predicted, predicted + correction)
-
-
-def _bandwidth_of(link: Link) -> float:
-    """Bytes/s of ``link`` (infinite for one worker's: β = 0)."""
-    return math.inf if link.beta <= 0 else 1.0 / link.beta
-
-
-def _least_tau(scored: Iterable[Scored]) -> Scored | None:
-    """The scored option with the least time per progress; ``min`` keeps the first (least
-    lossy) of equal ones. None when no option can be judged (every one lossy and unmeasured)."""
-    judged = [s for s in scored if math.isfinite(s.tau)]
-    return min(judged, key=lambda s: s.tau) if judged else None
-
-
 def _best_move(options: list[CompressorSpec], m: Measurements, links: Links, state: PolicyState,
                cfg: PolicyConfig) -> Scored | None:
     """The option the policy would move to on ``links``: the least time per progress, unless it is an
@@ -210,24 +168,12 @@ def _best_move(options: list[CompressorSpec], m: Measurements, links: Links, sta
     (0.8 s, each 4x PowerSGD r4's) until the dwell ran out.
 
     Every option is scored once: the best on record is picked among the same scores."""
-    scored = [_score(spec, m, links, cfg.level_shift_factor) for spec in options]
-    best = _least_tau(scored)
+    scored = [score(spec, m, links, cfg.level_shift_factor) for spec in options]
+    best = least_tau(scored)
     if best is None or hysteresis.judged_on_record(best.spec, state):
         return best
-    on_record = _least_tau(s for s in scored if hysteresis.judged_on_record(s.spec, state))
+    on_record = least_tau(s for s in scored if hysteresis.judged_on_record(s.spec, state))
     return hysteresis.explore_on_clear_gain(best, on_record, cfg)
-
-
-def _link_now(state: PolicyState, m: Measurements) -> Links:
-    """The averaged link as it stands, share 1."""
-    bandwidth, latency = state.link.bandwidth, state.link.latency
-    assert bandwidth is not None and latency is not None
-    return ((1.0, _link_at(bandwidth, state, m)),)
-
-
-def _link_at(bandwidth: float, state: PolicyState, m: Measurements) -> Link:
-    assert state.link.latency is not None
-    return alpha_beta_from_bandwidth(bandwidth, alpha_of(state.link.latency, m.world_size))._replace(wake_s=m.wake_s)
 
 
 def _keep_s(cfg: PolicyConfig) -> float:
@@ -266,14 +212,14 @@ def _judge_on_levels(state: PolicyState, m: Measurements, cfg: PolicyConfig, now
     as it stands, or the mix of its stretches when the link oscillates
     (``planning.link_levels``); with the current choice scored on them (with the doubt in
     its favour)."""
-    current_now = _score(m.current, hysteresis.doubt_in_favour(m, state), _link_now(state, m), cfg.level_shift_factor)
+    current_now = score(m.current, hysteresis.doubt_in_favour(m, state), link_now(state, m), cfg.level_shift_factor)
     state = _record_level(state, m, cfg, now, hysteresis.side(best_now, current_now, hysteresis.threshold(current_now, best_now, state, cfg)))
     mix = level_mix(state.levels, state.stretches, now, m.step, cfg.oscillation_window_s, cfg.oscillation_shifts,
                     cfg.level_shift_factor ** 2)
     if mix is None:
-        return state, _link_now(state, m), None, current_now
-    links = tuple((share, _link_at(s.bandwidth, state, m)) for share, s in zip(mix.shares, mix.stretches))
-    return state, links, mix, _score(m.current, hysteresis.doubt_in_favour(m, state), links, cfg.level_shift_factor)
+        return state, link_now(state, m), None, current_now
+    links = tuple((share, link_at(s.bandwidth, state, m)) for share, s in zip(mix.shares, mix.stretches))
+    return state, links, mix, score(m.current, hysteresis.doubt_in_favour(m, state), links, cfg.level_shift_factor)
 
 
 def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[CompressorSpec],
@@ -303,8 +249,8 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
     if spec is None or (m.step is not None and m.step <= spec.warmup_steps):
         return state
     mix = steps_mix(state.stretches, m.step, m.measured_steps)
-    links = _link_now(state, m) if mix is None else tuple((share, _link_at(b, state, m)) for share, b in mix)
-    predictions = [_predicted_step(spec, m, link) for _, link in links]
+    links = link_now(state, m) if mix is None else tuple((share, link_at(b, state, m)) for share, b in mix)
+    predictions = [predicted_step(spec, m, link) for _, link in links]
     if max(predictions) > (1 + LINK_SENSITIVE) * min(predictions):
         return state
     predicted = math.fsum(share * p for (share, _), p in zip(links, predictions))
@@ -318,54 +264,9 @@ def _fold_step_residual(state: PolicyState, m: Measurements, pool: Iterable[Comp
     # adaptive runs (session 38) changed the switches of 7 (none to fp16 on the steady fast link
     # in two, early moves to fp16 on fast-slow-fast's first fast stretch), where session 37's
     # policy and this one, by the log-mean, make the same switches in all 20.
-    bandwidth = math.exp(math.fsum(share * math.log(_bandwidth_of(link)) for share, link in links))
+    bandwidth = math.exp(math.fsum(share * math.log(bandwidth_of(link)) for share, link in links))
     return dataclasses.replace(state, corrections=record_residual(state.corrections, spec.label, m.measured_step_s,
                                                                   predicted, bandwidth, cfg.level_shift_factor))
-
-
-def _loses_on_recent_link(current: Scored, best: Scored, m: Measurements, state: PolicyState, cfg: PolicyConfig,
-                          now: float, threshold: float) -> str | None:
-    """Why a move between two choices whose error is known (``none`` and the casts), to one
-    that sends more bytes, is held back: over the stretches the link went through in the last
-    oscillation window it saves no more than ``threshold``; None when it does, or when the
-    move is of another kind.
-
-    Why: such a move trades a few per cent of the step on the link as it stands (fp16 → ``none``
-    "3.5 % less time per progress" at 1 Gbit/s) against the next drop of the link, which the
-    averaged reading follows several steps late, each at the new choice's step there: ``none``
-    sends twice fp16's bytes. On the benchmark's oscillating link, before the mix was
-    recognised (its sides change only with the policy's moves, and compressing it sees the link
-    come back late), 4 of 20 adaptive runs moved fp16 → ``none`` at steps 145-160 of a fast
-    stretch, and the slow stretch from step 160 began on ``none`` for 7-12 steps, each ~4x
-    PowerSGD r4's there (README, session 39, item 1; session 40). A link that dropped within
-    the window may drop again; one that held its level passes as before (one stretch: the
-    same comparison), and so does a move to a choice that sends no more bytes (fp16 for bf16
-    is as exposed as the choice it leaves; on the steady fast link the readings' swings span
-    stretches 2x apart, and such a move was held there in one of session 40's 48 kept runs).
-    A move to or from a lossy choice is judged on the link as it stands: leaving compression
-    when the link comes back is what fast-slow-fast asks for.
-    """
-    if registry.is_lossy(current.spec.name) or registry.is_lossy(best.spec.name):
-        return None
-    window = stretch_shares(state.stretches, now - cfg.oscillation_window_s, now, m.step)
-    if not state.stretches or all(stretch.since == state.stretches[-1].since for _, stretch in window):
-        return None  # the link held its level over the window (or its new one has no steps yet)
-    shapes = m.profile.shapes
-    if wire_bytes(best.spec, shapes, m.world_size) <= wire_bytes(current.spec, shapes, m.world_size):
-        return None  # no more bytes, no more exposed to a drop than the current choice (a cast for a cast)
-    links = tuple((share, _link_at(stretch.bandwidth, state, m)) for share, stretch in window)
-    on_window = hysteresis.gain(_score(current.spec, m, links, cfg.level_shift_factor),
-                                _score(best.spec, m, links, cfg.level_shift_factor))
-    if on_window > threshold:
-        return None
-    slowest = min(stretch.bandwidth for _, stretch in window)
-    return (f"over the link of the last {cfg.oscillation_window_s:.0f} s (down to {describe_rate(slowest)}) "
-            f"it saves {on_window:.1%}, not above the {threshold:.0%} threshold: the link may drop again")
-
-
-def alpha_of(all_reduce_latency_s: float, world_size: int) -> float:
-    """α from a zero-byte all-reduce's time ``2(N−1)·α`` (ring model; no link for N = 1)."""
-    return all_reduce_latency_s / (2 * (world_size - 1)) if world_size > 1 else 0.0
 
 
 def decide(
@@ -386,10 +287,10 @@ def decide(
     m = dataclasses.replace(m, step_corrections=state.corrections)
     critical = critical_why is not None and any(guard_failure(c, cfg, True) is None for c in pool)
     passing = [c for c in pool if guard_failure(c, cfg, critical) is None]
-    best = _best_move(passing, m, _link_now(state, m), state, cfg) if passing else None
+    best = _best_move(passing, m, link_now(state, m), state, cfg) if passing else None
     if best is None:
         state = _record_level(state, m, cfg, now, None)
-        current = _score(m.current, m, _link_now(state, m), cfg.level_shift_factor)
+        current = score(m.current, m, link_now(state, m), cfg.level_shift_factor)
         why = "no candidate passes the quality guard" if not passing else "no passing candidate has a measured error yet"
         return Keep(why, current.step_s), state
     state, links, mix, current = _judge_on_levels(state, m, cfg, now, best)
@@ -420,7 +321,7 @@ def decide(
     threshold = hysteresis.threshold(current, best, state, cfg)
     if gain <= threshold:
         return Keep(f"{comparison}; below the {threshold:.0%} threshold", current.step_s), state
-    exposed = None if mix is not None else _loses_on_recent_link(current, best, m, state, cfg, now, threshold)
+    exposed = None if mix is not None else loses_on_recent_link(current, best, m, state, cfg, now, threshold)
     if exposed is not None:
         return Keep(f"{comparison}; {exposed}", current.step_s), state
     if state.last_switch_at is not None and now - state.last_switch_at < cfg.min_dwell_s:

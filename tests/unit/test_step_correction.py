@@ -213,14 +213,14 @@ def test_on_an_oscillating_mix_each_level_takes_its_own_correction_and_floor() -
     and 0.01 s over it at 10 Gbit/s: on a mix of the two, each level's prediction takes its own
     residual; a level where a label has not run takes its residual's part above 0; a correction
     takes no level's prediction below half."""
-    from planning.policy import _score
+    from planning.scoring import score
 
     links = tuple((0.5, alpha_beta_from_bandwidth(b, LATENCY / (2 * (WORKERS - 1)))) for b in (MBIT50, GBIT10))
     slow, fast = predicted(FP16, MBIT50), predicted(FP16, GBIT10)
 
     def step_s(*corrections: Correction) -> float:
         m = dataclasses.replace(report(FP16, GBIT10, 100, None), step_corrections=corrections)
-        return _score(FP16, m, links, FACTOR).step_s
+        return score(FP16, m, links, FACTOR).step_s
 
     both = (Correction("fp16", -0.3 * slow, MBIT50), Correction("fp16", 0.01, GBIT10))
     assert step_s(*both) == pytest.approx(0.5 * 0.7 * slow + 0.5 * (fast + 0.01))
