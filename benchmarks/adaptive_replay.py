@@ -47,7 +47,7 @@ from pathlib import Path
 from statistics import median_high
 from typing import Any, Mapping, Sequence
 
-from benchmarks.outputs import write_json_and_table
+from benchmarks.outputs import publish
 from benchmarks.rate_pairs import parse_rate_pairs
 from benchmarks.repo import REPO_ROOT
 from benchmarks.simulate import (
@@ -453,9 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     doc = replay(args, measured, earlier)
-    table = markdown(doc)
-    print(table)
-    write_json_and_table(args.json_out, doc, table)
+    publish(args.json_out, doc, markdown(doc))
     return 0
 
 

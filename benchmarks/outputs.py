@@ -19,6 +19,13 @@ def write_json_and_table(json_out: Path | None, doc: dict[str, Any], table: str,
     write_whole(table_out or json_out.with_suffix(".md"), table)
 
 
+def publish(json_out: Path | None, doc: dict[str, Any], table: str) -> None:
+    """Print a benchmark's markdown ``table`` and write it with ``doc`` (:func:`write_json_and_table`):
+    how a benchmark ends, the table on the terminal and both files beside each other."""
+    print(table)
+    write_json_and_table(json_out, doc, table)
+
+
 def write_whole(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file beside it: a run killed mid-write
     (a device lent by the minute, a Ctrl-C) leaves the last whole file, never half of one."""

@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from benchmarks.outputs import write_json_and_table
+from benchmarks.outputs import publish
 
 #: The benchmark's momentum (``benchmarks.adaptive``'s job: SGD, momentum 0.9).
 MOMENTUM = 0.9
@@ -299,9 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["choices"][label] = result = run_choice(label, args)
         print(f"[quality_signal] {label}: {result}", flush=True)
     doc["job"]["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    table = markdown(doc)
-    print(table)
-    write_json_and_table(args.json_out, doc, table)
+    publish(args.json_out, doc, markdown(doc))
     return 0
 
 

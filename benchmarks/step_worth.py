@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from benchmarks.outputs import write_json_and_table
+from benchmarks.outputs import publish
 
 #: The uncompressed curve is fitted from this step (the first evaluations fall too steeply for
 #: a quadratic in log-log to follow them and the later ones).
@@ -224,9 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = {"scenario": args.scenario, "samples": args.samples, "from_step": args.from_step,
            "keep": [str(k) for k in args.keep], "seeds": sorted(seeds),
            "by_seed": {str(s): w for s, w in sorted(by_seed.items())}, "rows": summarise(by_seed, etas)}
-    table = markdown(doc)
-    print(table)
-    write_json_and_table(args.json_out, doc, table)
+    publish(args.json_out, doc, markdown(doc))
     return 0
 
 
