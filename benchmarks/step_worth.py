@@ -125,15 +125,22 @@ def kept_seeds(keep: Path, scenario: str) -> dict[int, dict[str, Path]]:
     for seed_dir in sorted((keep / scenario).glob("seed*-repeat0")):
         seed = int(seed_dir.name.removeprefix("seed").split("-")[0])
         runs: dict[str, Path] = {}
-        for run in sorted(seed_dir.iterdir(), key=lambda p: p.name):
-            label, _, attempt = run.name.rpartition("-")
-            if run.is_dir() and attempt.isdigit() and label != "adaptive" and (run / "checkpoints").is_dir():
-                runs[label] = run  # sorted: the latest attempt is the last
+        attempts = sorted((*named, run) for run in seed_dir.iterdir()
+                          if (named := _label_and_attempt(run.name)) and (run / "checkpoints").is_dir())
+        for label, _, run in attempts:
+            if label != "adaptive":
+                runs[label] = run  # by attempt number: the latest is the last (attempt 10 after 9)
         for reference in sorted(keep.glob(f"reference/*steps/seed{seed}-order*/none-0")):
             runs["reference-" + reference.parent.name.split("-order")[1]] = reference
         if "none" in runs:
             seeds[seed] = runs
     return seeds
+
+
+def _label_and_attempt(name: str) -> tuple[str, int] | None:
+    """``("fp16", 1)`` of a kept run's directory ``fp16-1``; None for any other name."""
+    label, _, attempt = name.rpartition("-")
+    return (label, int(attempt)) if label and attempt.isdigit() else None
 
 
 def seed_worths(curves: dict[str, Curve], from_step: int) -> dict[str, float | None]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support.kept_runs import job, keep_run
 
-from benchmarks.step_worth import LEFT_OUT, efficiency, main, run_worth, step_reaching
+from benchmarks.step_worth import LEFT_OUT, efficiency, kept_seeds, main, run_worth, step_reaching
 
 STEPS = list(range(15, 301, 15))
 
@@ -98,3 +98,13 @@ def test_a_directory_without_kept_runs_is_refused_with_a_message(tmp_path: Path,
     (tmp_path / "steady-slow").mkdir()
     assert main([str(tmp_path)]) == 2
     assert "no seed with a kept none run" in capsys.readouterr().err
+
+
+def test_of_a_run_repeated_the_latest_attempt_is_judged_and_the_adaptive_run_left_out(tmp_path: Path) -> None:
+    seed_dir = tmp_path / "steady-slow" / "seed5-repeat0"
+    for name in ("none-0", "fp16-2", "fp16-10", "adaptive-0", "fp16-notes"):
+        (seed_dir / name / "checkpoints").mkdir(parents=True)
+    reference = tmp_path / "reference" / "300steps" / "seed5-order1" / "none-0"
+    reference.mkdir(parents=True)
+    assert kept_seeds(tmp_path, "steady-slow") == {5: {"none": seed_dir / "none-0", "fp16": seed_dir / "fp16-10",
+                                                       "reference-1": reference}}
