@@ -2,7 +2,7 @@
 benchmark's kept runs, beside the price the progress model gives it.
 
 Why: the adaptive policy prices a step of a choice that has run at ``δ = η``, its measured
-update efficiency (``planning.progress``), so PowerSGD r4 at η ≈ 0.76 must be 1.3x faster than
+update efficiency (``planning.progress``), so PowerSGD r4 at η ≈ 0.74 must be 1.35x faster than
 ``none`` to pay; yet on the benchmark its runs reach the target at ``none``'s evaluation (README,
 session 40, item 2). This is the measure a better price must meet, per choice, with its scatter
 over seeds, kept as a tool rather than a session's analysis.
@@ -21,7 +21,7 @@ lies within that row's quartiles is not told apart from ``none`` by this measure
 
 The fixed runs train the same way in every scenario (the link sets only their wall time), so one
 scenario's runs serve (``--scenario``, default ``steady-slow``). Evaluation only, on this
-machine's CPU (about 15 s a seed at 1024 samples).
+machine's CPU (about a minute a seed at 1024 samples beside CI in session 41; not timed alone).
 
     python -m benchmarks.adaptive --keep DIR --json-out RESULT.json ...   # the runs, kept
     python -m benchmarks.step_worth DIR [DIR ...] --samples 1024 --json-out benchmarks/results/step_worth.json
