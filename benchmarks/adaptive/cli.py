@@ -44,6 +44,7 @@ from benchmarks.adaptive.scenarios import (
     train_config,
 )
 from benchmarks.adaptive.targets import judge_by_seed, target_of
+from benchmarks.adaptive.time_floor import uncompressed_time_floor
 from benchmarks.machine import bench_lock, foreign_load, wait_for_quiet
 from benchmarks.outputs import write_json_and_table
 from benchmarks.testbed import Testbed
@@ -186,6 +187,7 @@ def run_scenario(backend: Backend, args: argparse.Namespace, name: str, workdir:
     if mine:
         scenario["references"] = mine
         scenario["uncompressed_floor"] = scenario_floor(scenario)
+        scenario["uncompressed_time_floor"] = uncompressed_time_floor(mine)
         own_runs, own = judged_runs(repeats, phases, ())
         scenario["against_own_none"] = {"targets_by_seed": {str(seed): t for seed, t in own.items()},
                                         "verdict": scenario_verdict(own_runs),
@@ -343,7 +345,8 @@ def main(argv: Sequence[str] | None = None, backends: BackendFactory = local_bac
         for name, scenario in json.loads(path.read_text())["scenarios"].items():
             # judged again by this code's rules (the best fixed choice changed in session 18)
             doc["scenarios"].setdefault(name, {**scenario, "verdict": scenario_verdict(scenario["runs"]), "from": str(path),
-                                               "uncompressed_floor": scenario_floor(scenario)})
+                                               "uncompressed_floor": scenario_floor(scenario),
+                                               "uncompressed_time_floor": uncompressed_time_floor(scenario.get("references") or [])})
     doc["verdict"] = overall_verdict(doc)
     doc["job"] = {"model": args.model, "batch_size": args.batch_size, "image_size": args.image_size, "lr": args.lr,
                   "lr_schedule": args.lr_schedule,

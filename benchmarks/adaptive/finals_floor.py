@@ -13,11 +13,8 @@ import random
 from statistics import median, median_high
 from typing import Any, Sequence
 
-from benchmarks.adaptive.results import INTERVAL_DRAWS, INTERVAL_QUANTILES, quantile
-from benchmarks.adaptive.targets import by_seed
-
-#: The issue's margin on the final held-out loss: adaptive's within 1 % of uncompressed training's.
-FINAL_MARGIN = 0.01
+from benchmarks.adaptive.intervals import INTERVAL_DRAWS, INTERVAL_QUANTILES, quantile
+from benchmarks.adaptive.targets import FINAL_MARGIN, by_seed
 
 
 def uncompressed_floor(none_runs: Sequence[dict[str, Any]], references: Sequence[dict[str, Any]] = (),

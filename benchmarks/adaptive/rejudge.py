@@ -42,10 +42,12 @@ from typing import Any, Sequence
 
 from benchmarks.adaptive.finals_floor import uncompressed_floor
 from benchmarks.adaptive.jobs import HeldOut, JobRun
-from benchmarks.adaptive.report import floor_line
+from benchmarks.adaptive.merge_seeds import check_together, seeds_of
+from benchmarks.adaptive.report import floor_line, seed_draws_table
 from benchmarks.adaptive.results import combine_repeats, eval_points, scenario_verdict, worst_ratios
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from benchmarks.adaptive.targets import judge_by_seed
+from benchmarks.adaptive.time_floor import time_floor_line, uncompressed_time_floor
 from benchmarks.outputs import write_whole
 from planning.config import TrainConfig
 
@@ -123,46 +125,24 @@ class Source:
         return self.doc["scenarios"]  # type: ignore[no-any-return]
 
 
-#: Job fields that may differ between runs judged together: the seeds are the point; the rest
-#: says when, where and how long.
-JOB_FIELDS_FREE = frozenset({"seeds", "date", "wall_s", "cpu_cores", "cluster", "merged_from"})
-
-
-def seeds_of(scenario: dict[str, Any]) -> set[Any]:
-    """The seeds a scenario's stored runs ran on (None: a one-seed file of before session 19)."""
-    return {stored.get("seed") for entry in scenario["runs"].values() for stored in entry.get("repeats") or [entry]}
-
-
 def check_sources(names: Sequence[str], sources: Sequence[Source]) -> None:
     """Runs from several sources are judged together only where every source kept every one of
-    ``names`` and ran the same job (but its seeds) and schedule with the same labels, on seeds
-    of its own; and either every source or none kept references of each of its seeds. A
-    ValueError naming the files if not, before anything is evaluated (a rejudge takes minutes)."""
-    first = sources[0]
-    for source in sources[1:]:
-        mine = {k: v for k, v in source.doc.get("job", {}).items() if k not in JOB_FIELDS_FREE}
-        theirs = {k: v for k, v in first.doc.get("job", {}).items() if k not in JOB_FIELDS_FREE}
-        if mine != theirs:
-            differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
-            raise ValueError(f"{source.result} ran another job than {first.result} (differs in {', '.join(differ)})")
+    ``names``, their result files can be judged together (``merge_seeds.check_together``: the
+    same job but its seeds, schedule and labels, on seeds of their own; the target rule may
+    differ, as every run is judged anew) and either every source or none kept references of
+    each of its seeds. A ValueError naming the files if not, before anything is evaluated (a
+    rejudge takes minutes)."""
     for name in names:
-        where: dict[Any, Path] = {}
         for source in sources:
-            if name not in source.scenarios or not (source.keep / name).is_dir():
+            if name in source.scenarios and not (source.keep / name).is_dir():
                 raise ValueError(f"{name}: not kept in {source.result} (under {source.keep}); "
                                  "name the scenarios every run kept with --scenario")
-            scenario, model = source.scenarios[name], first.scenarios[name]
-            if scenario["schedule_text"] != model["schedule_text"]:
-                raise ValueError(f"{name}: {source.result} ran {scenario['schedule_text']!r}, {first.result} {model['schedule_text']!r}")
-            if set(scenario["runs"]) != set(model["runs"]):
-                raise ValueError(f"{name}: {source.result} ran {sorted(scenario['runs'])}, {first.result} {sorted(model['runs'])}")
+    check_together(names, [(source.result, source.doc) for source in sources], same_targets=False)  # each run judged anew
+    first = sources[0]
+    for name in names:
+        for source in sources:
+            scenario = source.scenarios[name]
             seeds = seeds_of(scenario)
-            if len(sources) > 1 and None in seeds:
-                raise ValueError(f"{name}: {source.result} does not record its runs' seeds; it can only be judged alone")
-            for seed in seeds:
-                if seed in where:
-                    raise ValueError(f"{name}: seed {seed} is in both {where[seed]} and {source.result}")
-                where[seed] = source.result
             steps = sum(p.steps for p in parse_schedule(scenario["schedule_text"]))
             kept = {seed for seed, _ in _reference_dirs(source.references, steps)} if source.references else set()
             if (source.references is None) != (first.references is None) or (source.references and not seeds <= kept):
@@ -245,12 +225,17 @@ def judgement(runs: dict[str, list[tuple[dict[str, Any], dict[int, list[list[flo
     used = judge_by_seed(judged, phases, references)
     entries = {label: combine_repeats(results) for label, results in judged.items()}
     verdict = scenario_verdict(entries)
-    floor = {"uncompressed_floor": uncompressed_floor(judged["none"], references)} if references else {}
+    steps = sum(p.steps for p in phases)
+    floor = {"uncompressed_floor": uncompressed_floor(judged["none"], references),
+             "uncompressed_time_floor": uncompressed_time_floor([{**r, "steps": steps} for r in references])} if references else {}
     return {**floor,
         "targets_by_seed": {str(seed): round(t, 5) for seed, t in used.items()},
         "best_fixed": verdict["best_fixed"], "ratio_to_best": verdict["ratio_to_best"],
         "final_vs_none": verdict["final_eval_vs_none"],
         "hit_steps": {label: {str(r["seed"]): r["hit_step"] for r in results} for label, results in judged.items()},
+        "times_by_seed": {label: {str(r["seed"]): r["time_to_target_s"] for r in results} for label, results in judged.items()},
+        "finals_by_seed": {label: {str(r["seed"]): r["final_vs_none"] for r in results} for label, results in judged.items()},
+        **({"seed_draws": verdict["seed_draws"]} if "seed_draws" in verdict else {}),
         "none_scatter": {str(r["seed"]): none_scatter(r["eval"]) for r in judged.get("none", [])},
     }, judged
 
@@ -271,6 +256,12 @@ def markdown(doc: dict[str, Any]) -> str:
             lines += _table(f"**{name}**, against the reference runs' targets", against)
             lines += [f"{n} held-out samples: {floor_line(row['uncompressed_floor'])}"
                       for n, row in against.items() if row.get("uncompressed_floor")] + [""]
+            lines += [f"{n} held-out samples: {time_floor_line(row['uncompressed_time_floor'])}"
+                      for n, row in against.items() if row.get("uncompressed_time_floor")] + [""]
+        for title, rows in (("`none`'s own targets", by_size), ("the reference runs' targets", against)):
+            for n, row in rows.items():
+                if row.get("seed_draws"):
+                    lines += [f"{n} held-out samples, against {title}:", "", *seed_draws_table(row["seed_draws"])]
     for n, worst in doc.get("worst_ratio", {}).items():
         for key, title in (("against_reference", "against the reference runs' targets"), ("own", "against `none`'s own targets")):
             if key in worst:

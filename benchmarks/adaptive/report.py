@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.adaptive.scenarios import ADAPTIVE
+from benchmarks.adaptive.time_floor import time_floor_line
 
 # --------------------------------------------------------------------------- outputs
 
@@ -87,6 +88,10 @@ def markdown(doc: dict[str, Any]) -> str:
         floor = scenario.get("uncompressed_floor")
         if floor:
             out += [floor_line(floor), ""]
+        if scenario.get("uncompressed_time_floor"):
+            out += [time_floor_line(scenario["uncompressed_time_floor"]), ""]
+        if "seed_draws" in v:
+            out += seed_draws_table(v["seed_draws"])
         own = scenario.get("against_own_none")
         if own:
             ratios = ", ".join(f"{label} {'miss' if r is None else f'{r:.3f}'}"
@@ -126,3 +131,21 @@ def floor_line(floor: dict[str, Any]) -> str:
     return (f"An uncompressed run by the same finals rule (each of a seed's `none` runs against the median of the "
             f"seed's others, one a seed drawn again, the median over {floor['seeds']} seeds): {low:+.1%} to "
             f"{high:+.1%} (5th-95th percentile), above {floor['margin']:+.0%} in {floor['above_margin']:.0%} of draws.")
+
+
+def seed_draws_table(drawn: dict[str, Any]) -> list[str]:
+    """How far drawing the seeds again moves the verdict (``intervals.seed_draws``): a table."""
+    finals = "final_vs_none" in drawn
+    lines = [f"The {drawn['seeds']} seeds drawn again with replacement ({drawn['draws']} draws; the best fixed choice "
+             "picked again in each; 5th-95th percentile):", "",
+             f"| run | ratio to best fixed | at most {drawn['ratio_margin']:g} in |"
+             + (f" final vs none | at most {drawn['final_margin']:+.0%} in |" if finals else ""),
+             "|---|---:|---:|" + ("---:|---:|" if finals else "")]
+    for label, bounds in drawn["ratio"].items():
+        row = (f"| {label} | {' to '.join('miss' if b is None else f'{b:.3f}' for b in bounds)} | "
+               f"{drawn['ratio_within'][label]:.0%} |")
+        if finals:
+            row += (f" {' to '.join(f'{b:+.1%}' for b in drawn['final_vs_none'][label])} | "
+                    f"{drawn['final_within'][label]:.0%} |")
+        lines.append(row)
+    return lines + [""]

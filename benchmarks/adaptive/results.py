@@ -1,15 +1,18 @@
 """What a run and a scenario come to: switches, bandwidth by phase, verdicts (a run's target and
-time to it: :mod:`benchmarks.adaptive.targets`).
+time to it: :mod:`benchmarks.adaptive.targets`; times paired by seed and the best fixed choice:
+:mod:`benchmarks.adaptive.pairing`; how far drawing the runs or the seeds again moves a verdict:
+:mod:`benchmarks.adaptive.intervals`).
 """
 
 from __future__ import annotations
 
 import math
-import random
 from statistics import median_high
 from typing import Any, Iterable, Sequence
 
+from benchmarks.adaptive.intervals import ratio_intervals, seed_draws
 from benchmarks.adaptive.jobs import JobRun
+from benchmarks.adaptive.pairing import best_fixed, is_adaptive, or_inf, paired_ratio
 from benchmarks.adaptive.scenarios import ADAPTIVE, Phase, boundaries
 from benchmarks.adaptive.targets import by_seed, hit_step
 
@@ -102,21 +105,18 @@ def combine_repeats(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     the finish (fp16 reached the target on three seeds of five), and with one seed a run's step
     times still moved by up to 17 % between runs on this machine.
     """
-    order = sorted(range(len(repeats)), key=lambda i: _or_inf(repeats[i]["time_to_target_s"]))
+    order = sorted(range(len(repeats)), key=lambda i: or_inf(repeats[i]["time_to_target_s"]))
     middle = repeats[order[len(order) // 2]]
     first = repeats[0]
     entry = {**middle,
              "first_run": {key: first[key] for key in ("seed", "target", "eval", "rate_changes_s", "total_s") if key in first},
              "repeats": [{"seed": r.get("seed"), "time_to_target_s": r["time_to_target_s"], "hit_step": r.get("hit_step"),
                           "total_s": r["total_s"], "final_eval": r["final_eval"], "foreign_cores": r["foreign_cores"],
-                          "switches": len(r["switches"])} for r in repeats]}
+                          "switches": len(r["switches"]), **({"final_vs_none": r["final_vs_none"]} if "final_vs_none" in r else {})}
+                         for r in repeats]}
     if all("final_vs_none" in r for r in repeats):
         entry["final_vs_none"] = median_high(r["final_vs_none"] for r in repeats)
     return entry
-
-
-def _or_inf(value: float | None) -> float:
-    return math.inf if value is None else value
 
 
 def curve_spread(repeats: Sequence[dict[str, Any]]) -> float:
@@ -138,10 +138,6 @@ def _median_only(values: list[float]) -> list[float]:
     return [median_high(values)] if values else []
 
 
-def is_adaptive(label: str) -> bool:
-    return label.startswith(ADAPTIVE)
-
-
 def scenario_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Adaptive against the best fixed choice and against uncompressed.
 
@@ -154,147 +150,17 @@ def scenario_verdict(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     best = best_fixed(runs, fixed)
     out: dict[str, Any] = {"best_fixed": best, "best_fixed_time_to_target_s": runs[best]["time_to_target_s"],
                            "ratio_to_best": {label: paired_ratio(runs[label], runs[best]) for label in runs}}
-    out["final_eval_vs_none"] = {label: r.get("final_vs_none", round(r["final_eval"] / runs["none"]["final_eval"] - 1, 4))
-                                 for label, r in runs.items()}
+    out["final_eval_vs_none"] = {label: r["final_vs_none"] if "final_vs_none" in r
+                                 else round(r["final_eval"] / runs["none"]["final_eval"] - 1, 4) for label, r in runs.items()}
     if ADAPTIVE in runs:
         out["adaptive_final_eval_vs_none"] = out["final_eval_vs_none"][ADAPTIVE]
     interval = ratio_intervals(runs)
     if interval is not None:
         out["ratio_interval"] = interval
+    drawn = seed_draws(runs)
+    if drawn is not None:
+        out["seed_draws"] = drawn
     return out
-
-
-#: Bootstrap draws behind a ratio's interval, and the interval's quantiles (90 %).
-INTERVAL_DRAWS = 2000
-INTERVAL_QUANTILES = (0.05, 0.95)
-
-
-def ratio_intervals(runs: dict[str, dict[str, Any]], draws: int = INTERVAL_DRAWS,
-                    seed: int = 0) -> dict[str, list[float | None]] | None:
-    """Each label's ratio to the best fixed choice as a bootstrap interval (5th-95th
-    percentile): how far recombining the runs moves the verdict.
-
-    Each draw takes the rounds of each seed again with replacement (:func:`_drawn_again`), picks
-    the best fixed choice again (:func:`best_fixed`: which choice is best is itself a product
-    of the noise, and the least of several noisy fixed times favours them) and takes the paired
-    ratio (:func:`paired_ratio`); a bound that is a miss is None. Why: the same run repeated
-    differs by up to ±10 % in total time on this machine (``none`` against fp16 on steady-fast
-    ranged 0.85-1.25 over 26 result files), and a ratio from three runs a seed hides that.
-    What it is not: a 90 % confidence interval. With three runs a seed a draw can only
-    recombine the runs there are, so the interval is bounded by the extreme runs and
-    understates the spread a new set of runs would show; read it as a floor on the
-    uncertainty. None when no seed has two runs of any label (nothing to resample).
-    Deterministic for a given ``seed``.
-    """
-    grouped = {label: by_seed(entry.get("repeats") or [entry]) for label, entry in runs.items()}
-    if not any(len(group) >= 2 for seeds in grouped.values() for group in seeds.values()):
-        return None
-    rng = random.Random(seed)
-    fixed = [label for label in runs if not is_adaptive(label)]
-    samples: dict[str, list[float]] = {label: [] for label in runs}
-    for _ in range(draws):
-        drawn = _drawn_again(grouped, rng)
-        best = drawn[best_fixed(drawn, fixed)]
-        for label, entry in drawn.items():
-            samples[label].append(_raw_paired_ratio(entry, best))
-    return {label: [quantile(values, q) for q in INTERVAL_QUANTILES] for label, values in samples.items()}
-
-
-def _drawn_again(grouped: dict[str, dict[Any, list[dict[str, Any]]]], rng: random.Random) -> dict[str, dict[str, Any]]:
-    """Every label's entry from its runs drawn again with replacement, seed by seed.
-
-    Where every label ran a seed equally often, whole rounds are drawn (a label's i-th run on
-    a seed ran in the i-th round, beside the other labels' i-th runs: ``run_scenario`` runs
-    every choice once a round), so a round in which the machine was slow moves every label
-    alike, as it did; otherwise each label's runs are drawn alone.
-    """
-    repeats: dict[str, list[dict[str, Any]]] = {label: [] for label in grouped}
-    for seed in dict.fromkeys(s for seeds in grouped.values() for s in seeds):
-        groups = {label: seeds.get(seed, []) for label, seeds in grouped.items()}
-        counts = {len(group) for group in groups.values()}
-        if len(counts) == 1:
-            n = counts.pop()
-            rounds = [rng.randrange(n) for _ in range(n)]
-            for label, group in groups.items():
-                repeats[label] += [group[i] for i in rounds]
-        else:
-            for label, group in groups.items():
-                repeats[label] += [rng.choice(group) for _ in group]
-    out = {}
-    for label, chosen in repeats.items():
-        times = sorted(_or_inf(r["time_to_target_s"]) for r in chosen)
-        middle = times[len(times) // 2] if times else math.inf
-        out[label] = {"repeats": chosen, "time_to_target_s": None if math.isinf(middle) else middle}
-    return out
-
-
-def quantile(values: Sequence[float], q: float, digits: int = 3) -> float | None:
-    """The value at index ``floor(q·n)`` of ``values`` in order (the ``q`` quantile to within one
-    draw of 2000), rounded to ``digits``; None for a miss (infinite, or no seed to compare)."""
-    ordered = sorted(values, key=lambda v: math.inf if math.isnan(v) else v)
-    value = ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-    return round(value, digits) if math.isfinite(value) else None
-
-
-def best_fixed(runs: dict[str, dict[str, Any]], fixed: Sequence[str]) -> str:
-    """The best fixed choice, judged by the measure the verdict judges adaptive by.
-
-    Of the fixed choices no other fixed choice beats (none with a :func:`paired_ratio` below 1
-    against it; all of them if every one is beaten, a cycle), the one with the least geometric
-    mean over seeds of its time to target ÷ ``none``'s on the same seed (a miss: infinite);
-    without ``none`` in the scenario, the least median-run time.
-
-    Why: until session 18 the best fixed choice was the one with the least time of the run at
-    the median, whose seed differs between labels, so the pick mixed seeds. In session 17's
-    oscillating repeats it named PowerSGD r4 (its median run 14.13 s, fp16's 14.30 s on another
-    seed) where fp16 is ahead of it on both seeds. Why the geometric mean among the unbeaten:
-    with two seeds the paired ratio is the worse seed's, so two choices that each win a seed are
-    both unbeaten (steady-fast in the same run: ``none`` 0.2 % ahead of fp16 on seed 0, fp16
-    20 % ahead on seed 1), and the geometric mean weighs both seeds.
-    """
-    def beaten(label: str) -> bool:
-        return any(_raw_paired_ratio(runs[other], runs[label]) < 1 for other in fixed if other != label)
-
-    contenders = [label for label in fixed if not beaten(label)] or list(fixed)
-    if "none" not in runs:
-        return min(contenders, key=lambda label: _or_inf(runs[label]["time_to_target_s"]))
-    reference = _times_by_seed(runs["none"])
-
-    def geometric_mean_to_none(label: str) -> float:
-        mine = _times_by_seed(runs[label])
-        ratios = [mine[seed] / reference[seed] for seed in mine.keys() & reference.keys()]
-        if not ratios or any(math.isinf(r) or r <= 0 for r in ratios):
-            return math.inf
-        return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-
-    return min(contenders, key=lambda label: (geometric_mean_to_none(label), _or_inf(runs[label]["time_to_target_s"])))
-
-
-def _times_by_seed(entry: dict[str, Any]) -> dict[Any, float]:
-    """A label's time to target per seed, the median of the seed's repeats (a miss: inf).
-    The runs of a one-seed result file form one group."""
-    return {seed: median_high(_or_inf(r["time_to_target_s"]) for r in runs)
-            for seed, runs in by_seed(entry.get("repeats") or [entry]).items()}
-
-
-def paired_ratio(entry: dict[str, Any], best: dict[str, Any]) -> float | None:
-    """The median over seeds of ``entry``'s time to target ÷ ``best``'s on the same seed.
-
-    A seed where only ``entry`` missed counts as an infinite ratio, one where only ``best``
-    missed as 0, one where both missed is left out. None: no seed to compare, or the median
-    is a miss.
-    """
-    value = _raw_paired_ratio(entry, best)
-    return round(value, 3) if math.isfinite(value) else None
-
-
-def _raw_paired_ratio(entry: dict[str, Any], best: dict[str, Any]) -> float:
-    """:func:`paired_ratio` unrounded, a miss as infinity (and nothing to compare as NaN, which
-    is below nothing and above nothing)."""
-    mine, theirs = _times_by_seed(entry), _times_by_seed(best)
-    ratios = [0.0 if math.isinf(theirs[seed]) else mine[seed] / theirs[seed]
-              for seed in mine.keys() & theirs.keys() if not (math.isinf(mine[seed]) and math.isinf(theirs[seed]))]
-    return median_high(ratios) if ratios else math.nan
 
 
 def switching_bounds(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -341,7 +207,7 @@ def switching_bounds(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _hit_step_on(entry: dict[str, Any], seed: Any, target: float) -> int | None:
     """The step a label first reached the target on ``seed`` (the median of the seed's repeats).
     Entries of result files without per-run steps: from the entry's own curve and target."""
-    steps = [_or_inf(r["hit_step"]) for r in entry.get("repeats") or [] if r.get("seed") == seed and "hit_step" in r]
+    steps = [or_inf(r["hit_step"]) for r in entry.get("repeats") or [] if r.get("seed") == seed and "hit_step" in r]
     if not steps:
         return hit_step(entry["eval"], entry.get("target", target))
     step = median_high(steps)

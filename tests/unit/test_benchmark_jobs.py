@@ -208,7 +208,8 @@ def test_the_best_fixed_choice_is_one_no_fixed_choice_beats_paired_by_seed() -> 
     0.979). Three seeds: ``y`` beats ``x`` by the verdict's measure (the median of 3.0/9.0,
     19.0/18.0 and 30.0/24.0 is 1.056; ``y``/``x`` 0.947) though ``x``'s geometric mean is less:
     the unbeaten choice is best."""
-    from benchmarks.adaptive.results import best_fixed, scenario_verdict
+    from benchmarks.adaptive.pairing import best_fixed
+    from benchmarks.adaptive.results import scenario_verdict
 
     def entry(times: list[float | None]) -> dict:
         repeats = [{"seed": seed, "time_to_target_s": t} for seed, t in enumerate(times)]
@@ -247,7 +248,8 @@ def test_the_ratio_interval_draws_whole_rounds_again() -> None:
     ran the rounds in its own order: its interval lies within its runs' ratios. With a label
     that ran a seed fewer times, that seed's runs are drawn label by label. One run a seed:
     nothing to resample."""
-    from benchmarks.adaptive.results import ratio_intervals, scenario_verdict
+    from benchmarks.adaptive.intervals import ratio_intervals
+    from benchmarks.adaptive.results import scenario_verdict
 
     def entry(times_by_seed: dict[int, list[float | None]]) -> dict:
         repeats = [{"seed": seed, "time_to_target_s": t} for seed, times in times_by_seed.items() for t in times]
