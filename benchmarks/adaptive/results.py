@@ -101,7 +101,9 @@ def combine_repeats(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     its curve, switches, final and figures are the entry's. ``final_vs_none`` is the median of
     each run's final against ``none``'s on its seed; ``repeats`` lists each run's figures;
     ``first_run`` keeps the first run's curve, target and link changes, so a plot can draw every
-    label on one seed's held-out set. Why the median over seeds: a seed's trajectory decides
+    label on one seed's held-out set. Each run in ``repeats`` keeps its held-out curve (since
+    session 42), so that another reading of the runs (a time read off a fitted curve, say) can be
+    taken from the result file alone, without evaluating the kept checkpoints again. Why the median over seeds: a seed's trajectory decides
     the finish (fp16 reached the target on three seeds of five), and with one seed a run's step
     times still moved by up to 17 % between runs on this machine.
     """
@@ -112,7 +114,8 @@ def combine_repeats(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
              "first_run": {key: first[key] for key in ("seed", "target", "eval", "rate_changes_s", "total_s") if key in first},
              "repeats": [{"seed": r.get("seed"), "time_to_target_s": r["time_to_target_s"], "hit_step": r.get("hit_step"),
                           "total_s": r["total_s"], "final_eval": r["final_eval"], "foreign_cores": r["foreign_cores"],
-                          "switches": len(r["switches"]), **({"final_vs_none": r["final_vs_none"]} if "final_vs_none" in r else {})}
+                          "switches": len(r["switches"]), **({"final_vs_none": r["final_vs_none"]} if "final_vs_none" in r else {}),
+                          "eval": r["eval"]}
                          for r in repeats]}
     if all("final_vs_none" in r for r in repeats):
         entry["final_vs_none"] = median_high(r["final_vs_none"] for r in repeats)

@@ -59,6 +59,8 @@ def test_the_run_at_the_median_time_to_target_stands_for_a_choice() -> None:
     entry = combine_repeats([repeat(9.0, 0.40, 1, 0.02), repeat(None, 0.41, 0, -0.01), repeat(8.0, 0.39, 2, 0.05)])
     assert entry["time_to_target_s"] == 9.0 and entry["switches"] == [{"to": "fp16"}]  # a miss counts as longest
     assert entry["final_eval"] == 0.40 and [r["time_to_target_s"] for r in entry["repeats"]] == [9.0, None, 8.0]
+    assert [r["eval"][-1][2] for r in entry["repeats"]] == [0.40, 0.41, 0.39]  # each run's own curve, kept
+    assert [r["final_vs_none"] for r in entry["repeats"]] == [0.02, -0.01, 0.05]
     # each run against none's of its own seed, then the median; the plot's curve is the first run's
     assert entry["final_vs_none"] == 0.02 and entry["first_run"]["eval"][-1] == [30, 2.0, 0.40]
     assert "final_vs_none" not in combine_repeats([repeat(1.0, 0.4)])
