@@ -72,8 +72,10 @@ Modules: :mod:`.scenarios` (scenarios, schedules, the shared job), :mod:`.jobs` 
 testbed, the ranks' entry, held-out evaluation), :mod:`.on_cluster` (one job through the
 cluster's coordinator, imported only with ``--cluster``), :mod:`.targets` (each run's target, uncompressed final and time to target),
 :mod:`.results` (verdicts), :mod:`.pairing` (times paired by seed, the best fixed choice),
-:mod:`.intervals` (rounds or seeds drawn again), :mod:`.finals_floor` (the finals rule on
-uncompressed runs), :mod:`.rejudge` (kept runs judged again),
+:mod:`.intervals` (rounds or seeds drawn again), :mod:`.finals_floor` and :mod:`.time_floor`
+(the finals and time rules on uncompressed runs), :mod:`.together` (which result files can be
+judged together), :mod:`.rejudge` (kept runs judged again), :mod:`.merge_seeds` (result files on
+other seeds judged together from their figures),
 :mod:`.report` (plot, markdown), :mod:`.cli` (the command); the names below are the package's
 public interface. The lock, the quiet-wait and the foreign load are :mod:`benchmarks.machine`'s.
 """

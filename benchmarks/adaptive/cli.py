@@ -47,6 +47,7 @@ from benchmarks.adaptive.targets import judge_by_seed, target_of
 from benchmarks.adaptive.time_floor import uncompressed_time_floor
 from benchmarks.machine import bench_lock, foreign_load, wait_for_quiet
 from benchmarks.outputs import write_json_and_table
+from benchmarks.repo import commit
 from benchmarks.testbed import Testbed
 from planning.sections import LR_SCHEDULES, CompressionConfig
 
@@ -358,7 +359,7 @@ def main(argv: Sequence[str] | None = None, backends: BackendFactory = local_bac
                   ADAPTIVE: compression_of(ADAPTIVE, args),
                   "adaptive_start": CompressionConfig.model_validate(compression_of(ADAPTIVE, args)).compressor,
                   "cpu_cores": os.cpu_count(),
-                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
                   "wall_s": round(time.monotonic() - started)}
     if args.merge_only:
         doc["job"] = {**json.loads(args.include[0].read_text())["job"], "merged_from": [str(p) for p in args.include]}

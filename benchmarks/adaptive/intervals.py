@@ -138,8 +138,8 @@ def seed_draws(runs: dict[str, dict[str, Any]], draws: int = INTERVAL_DRAWS, see
     counts twice. The best fixed choice is picked again in each draw (:func:`best_fixed`). Why:
     the verdict is a median over seeds, each seed's time read off the first noisy evaluation
     below its target, and the same code's verdict moved from 0.935 to 1.145 between two batches
-    of four seeds (steady-slow, session 41) and from 1.126 to 0.961 between two batches of twelve
-    (steady-fast, sessions 40 and 41). Whether a median over N seeds meets a 5 % margin is a
+    of four seeds (steady-slow, session 41), nearly the same code's from 1.126 to 0.961 between
+    two batches of twelve (steady-fast, sessions 40 and 41). Whether a median over N seeds meets a 5 % margin is a
     question of how far it moves with the draw. What it is not: a confidence interval of the
     policy's true ratio (a bootstrap of a median over few seeds is coarse, and draws only the
     seeds there are). None with fewer than two seeds. Deterministic for a given ``seed``.
@@ -150,11 +150,11 @@ def seed_draws(runs: dict[str, dict[str, Any]], draws: int = INTERVAL_DRAWS, see
     out: dict[str, Any] = {
         "seeds": len(drawn.seeds), "draws": draws, "ratio_margin": RATIO_MARGIN,
         "ratio": {label: [quantile(v, q) for q in INTERVAL_QUANTILES] for label, v in drawn.ratios.items()},
-        "ratio_within": {label: _share(v, lambda r: r <= RATIO_MARGIN) for label, v in drawn.ratios.items()}}
+        "ratio_within": {label: share(v, lambda r: r <= RATIO_MARGIN) for label, v in drawn.ratios.items()}}
     if all(not math.isnan(f) for values in drawn.finals.values() for f in values):  # files before session 42: no finals per run
         out.update({"final_margin": FINAL_MARGIN,
                     "final_vs_none": {label: [quantile(v, q, digits=4) for q in INTERVAL_QUANTILES] for label, v in drawn.finals.items()},
-                    "final_within": {label: _share(v, lambda f: f <= FINAL_MARGIN) for label, v in drawn.finals.items()}})
+                    "final_within": {label: share(v, lambda f: f <= FINAL_MARGIN) for label, v in drawn.finals.items()}})
     return out
 
 
@@ -166,18 +166,24 @@ def acceptance_draws(scenarios: Sequence[dict[str, dict[str, Any]]], label: str,
     ``scenarios``: each scenario's runs by label, on the same seeds in the same order, so that a
     draw takes the same seeds in every scenario (:func:`draw_seeds`). Why: the acceptance asks
     for both margins in every scenario, and a share per scenario does not say how often they
-    hold together. None where a scenario has fewer than two seeds or other seeds.
+    hold together. The finals only where every run has its ``final_vs_none``. None where a
+    scenario lacks ``label``, has fewer than two seeds or other seeds.
     """
-    drawn = [draw_seeds(runs, draws, seed) for runs in scenarios]
-    if not drawn or any(d is None for d in drawn) or len({tuple(d.seeds) for d in drawn if d is not None}) != 1:
+    if not scenarios or any(label not in runs for runs in scenarios):
         return None
-    outcomes = [[d.within(label, i) for d in drawn if d is not None] for i in range(draws)]
-    return {"label": label, "draws": draws, "scenarios": len(scenarios),
-            "time": _share([all(t for t, _ in o) for o in outcomes], bool),
-            "finals": _share([all(f for _, f in o) for o in outcomes], bool),
-            "both": _share([all(t and f for t, f in o) for o in outcomes], bool)}
+    drawn = [d for d in (draw_seeds(runs, draws, seed) for runs in scenarios) if d is not None]
+    if len(drawn) != len(scenarios) or len({tuple(d.seeds) for d in drawn}) != 1:
+        return None
+    outcomes = [[d.within(label, i) for d in drawn] for i in range(draws)]
+    out = {"label": label, "draws": draws, "scenarios": len(scenarios),
+           "time": share([all(t for t, _ in o) for o in outcomes], bool)}
+    if not any(math.isnan(f) for d in drawn for f in d.finals[label]):  # files before session 42: no finals per run
+        out.update({"finals": share([all(f for _, f in o) for o in outcomes], bool),
+                    "both": share([all(t and f for t, f in o) for o in outcomes], bool)})
+    return out
 
 
-def _share(values: Sequence[float], within: Callable[[float], bool]) -> float:
-    """The share of ``values`` for which ``within`` holds (a NaN, nothing to compare, never does)."""
+def share(values: Sequence[float], within: Callable[[float], bool]) -> float:
+    """The share of ``values`` for which ``within`` holds (a NaN, nothing to compare, never
+    does), to three places: the share of draws that meet a margin."""
     return round(sum(1 for v in values if not math.isnan(v) and within(v)) / len(values), 3)

@@ -32,53 +32,13 @@ from typing import Any, Sequence
 from benchmarks.adaptive.finals_floor import uncompressed_floor
 from benchmarks.adaptive.intervals import acceptance_draws
 from benchmarks.adaptive.pairing import entry_of
-from benchmarks.adaptive.report import floor_line, seed_draws_table
+from benchmarks.adaptive.report import floors_and_draws
 from benchmarks.adaptive.results import scenario_verdict, worst_ratios
 from benchmarks.adaptive.scenarios import ADAPTIVE
-from benchmarks.adaptive.targets import FINAL_MARGIN, RATIO_MARGIN, uncompressed_finals
-from benchmarks.adaptive.time_floor import time_floor_line, uncompressed_time_floor
+from benchmarks.adaptive.targets import FINAL_MARGIN, RATIO_MARGIN, final_against, uncompressed_finals
+from benchmarks.adaptive.time_floor import uncompressed_time_floor
+from benchmarks.adaptive.together import check_together
 from benchmarks.outputs import publish
-
-#: Job fields that may differ between runs judged together: the seeds are the point; the rest
-#: says when, where and how long.
-JOB_FIELDS_FREE = frozenset({"seeds", "date", "wall_s", "cpu_cores", "cluster", "merged_from"})
-
-
-def seeds_of(scenario: dict[str, Any]) -> set[Any]:
-    """The seeds a scenario's stored runs ran on (None: a one-seed file of before session 19)."""
-    return {stored.get("seed") for entry in scenario["runs"].values() for stored in entry.get("repeats") or [entry]}
-
-
-def check_together(names: Sequence[str], files: Sequence[tuple[Path, dict[str, Any]]], same_targets: bool = True) -> None:
-    """Result files are judged together only where every one holds every one of ``names`` and
-    ran the same job (but its seeds), schedule and labels, on seeds of its own, and (with
-    ``same_targets``) judged its runs by the same target rule, as their stored times are taken
-    as they are. A ValueError naming the files if not."""
-    (first, model_doc), others = files[0], files[1:]
-    for path, doc in others:
-        mine = {k: v for k, v in doc.get("job", {}).items() if k not in JOB_FIELDS_FREE}
-        theirs = {k: v for k, v in model_doc.get("job", {}).items() if k not in JOB_FIELDS_FREE}
-        if mine != theirs:
-            differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
-            raise ValueError(f"{path} ran another job than {first} (differs in {', '.join(differ)})")
-    for name in names:
-        where: dict[Any, Path] = {}
-        for path, doc in files:
-            if name not in doc["scenarios"]:
-                raise ValueError(f"{name}: not in {path}; name the scenarios every file holds with --scenario")
-            scenario, model = doc["scenarios"][name], model_doc["scenarios"][name]
-            for key, what in (("schedule_text", "ran"), ("target_from", "took its targets from"))[:2 if same_targets else 1]:
-                if scenario.get(key) != model.get(key):
-                    raise ValueError(f"{name}: {path} {what} {scenario.get(key)!r}, {first} {model.get(key)!r}")
-            if set(scenario["runs"]) != set(model["runs"]):
-                raise ValueError(f"{name}: {path} ran {sorted(scenario['runs'])}, {first} {sorted(model['runs'])}")
-            seeds = seeds_of(scenario)
-            if len(files) > 1 and None in seeds:
-                raise ValueError(f"{name}: {path} does not record its runs' seeds; it can only be judged alone")
-            for seed in seeds:
-                if seed in where:
-                    raise ValueError(f"{name}: seed {seed} is in both {where[seed]} and {path}")
-                where[seed] = path
 
 
 def merged_scenario(name: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -92,9 +52,11 @@ def merged_scenario(name: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]
             for label in labels}
     references = [reference for s in scenarios for reference in s.get("references") or []]
     finals = uncompressed_finals(runs["none"], references)
-    for repeats in runs.values():
+    for label, repeats in runs.items():
         for run in repeats:
-            run["final_vs_none"] = round(run["final_eval"] / finals[run.get("seed")] - 1, 4)
+            if run.get("seed") not in finals:
+                raise ValueError(f"{name}: seed {run.get('seed')} of {label} has no uncompressed run to set its final")
+            run["final_vs_none"] = final_against(run["final_eval"], finals[run.get("seed")])
     entries = {label: {**entry_of(repeats), "final_vs_none": median_high(r["final_vs_none"] for r in repeats)}
                for label, repeats in runs.items()}
     targets = {str(seed): target for s in scenarios for seed, target in (s.get("targets_by_seed") or {}).items()}
@@ -121,19 +83,21 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {label} | {'miss' if ratio is None else f'{ratio:.3f}'} | {hits} | "
                          f"{verdict['final_eval_vs_none'][label]:+.1%} |")
         lines.append("")
-        if scenario["uncompressed_floor"]:
-            lines += [floor_line(scenario["uncompressed_floor"]), ""]
-        if scenario["uncompressed_time_floor"]:
-            lines += [time_floor_line(scenario["uncompressed_time_floor"]), ""]
-        if "seed_draws" in verdict:
-            lines += seed_draws_table(verdict["seed_draws"])
+        lines += floors_and_draws(scenario, verdict)
     worst = ", ".join(f"{label} {'miss' if r is None else f'{r:.3f}'}" for label, r in doc["worst_ratio"].items())
     lines.append(f"Worst ratio over the scenarios: {worst}")
     together = doc.get("acceptance_draws")
     if together:
-        lines.append(f"In the {together['draws']} draws of the seeds, {together['label']} is within {RATIO_MARGIN:g}x the best "
-                     f"fixed choice in all {together['scenarios']} scenarios at once in {together['time']:.0%}, its final within "
-                     f"{FINAL_MARGIN:+.0%} of uncompressed in all of them in {together['finals']:.0%}, both in {together['both']:.0%}.")
+        line = (f"In the {together['draws']} draws of the seeds, {together['label']} is within {RATIO_MARGIN:g}x the best "
+                f"fixed choice in all {together['scenarios']} scenarios at once in {together['time']:.0%}")
+        if "finals" in together:
+            line += (f", its final within {FINAL_MARGIN:+.0%} of uncompressed in all of them in {together['finals']:.0%}, "
+                     f"both in {together['both']:.0%}")
+        lines.append(line + ".")
+    commits = sorted({c for c in doc.get("commits", {}).values() if c})
+    if commits:
+        lines.append(f"Commits the files' runs ran on: {', '.join(commits)}"
+                     + ("" if len(commits) == 1 else " (not one code: say which change each made)") + ".")
     return "\n".join([*lines, ""])
 
 
@@ -154,20 +118,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         files.append((path, doc))
     names = args.scenario or list(files[0][1]["scenarios"])
+    if not names:
+        print(f"{args.results[0]} holds no scenario to judge", file=sys.stderr)
+        return 2
     try:
         check_together(names, files)
-        scenarios = {name: merged_scenario(name, [doc for _, doc in files]) for name in names}
+        doc = merged(names, files)
+        table = markdown(doc)
     except KeyError as exc:
         print(f"cannot judge the files together: a stored scenario or run has no field {exc}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError, ZeroDivisionError) as exc:
+    except (ValueError, TypeError, AttributeError, ZeroDivisionError) as exc:
         print(f"cannot judge the files together: {exc}", file=sys.stderr)
         return 2
-    doc = {"results": [str(path) for path in args.results], "scenarios": scenarios,
-           "worst_ratio": worst_ratios(s["verdict"] for s in scenarios.values()),
-           "acceptance_draws": acceptance_draws([s["runs"] for s in scenarios.values()], ADAPTIVE)}
-    publish(args.json_out, doc, markdown(doc))
+    try:
+        publish(args.json_out, doc, table)
+    except OSError as exc:
+        print(f"--json-out: cannot write {args.json_out}: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+def merged(names: Sequence[str], files: Sequence[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """The whole judgement of ``names`` over the ``files`` (checked by :func:`check_together`):
+    each scenario merged, each label's worst ratio, the draws of the acceptance as a whole, and
+    the commit each file's runs ran on where it says."""
+    scenarios = {name: merged_scenario(name, [doc for _, doc in files]) for name in names}
+    return {"results": [str(path) for path, _ in files],
+            "commits": {str(path): doc.get("job", {}).get("commit") for path, doc in files},
+            "scenarios": scenarios, "worst_ratio": worst_ratios(s["verdict"] for s in scenarios.values()),
+            "acceptance_draws": acceptance_draws([s["runs"] for s in scenarios.values()], ADAPTIVE)}
 
 
 if __name__ == "__main__":

@@ -25,13 +25,17 @@ def or_inf(value: float | None) -> float:
     return math.inf if value is None else value
 
 
+def median_run(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run at the median time to target (the upper one of an even count; a miss counts as
+    the longest): the run that stands for a label (``results.combine_repeats``)."""
+    return sorted(repeats, key=lambda r: or_inf(r["time_to_target_s"]))[len(repeats) // 2]
+
+
 def entry_of(repeats: list[dict[str, Any]]) -> dict[str, Any]:
     """A label's entry from its runs (drawn again, or gathered from several result files): the
-    runs, and the time of the one at the median (a miss counts as the longest, as in
-    ``results.combine_repeats``), which :func:`best_fixed` breaks ties by."""
-    times = sorted(or_inf(r["time_to_target_s"]) for r in repeats)
-    middle = times[len(times) // 2] if times else math.inf
-    return {"repeats": repeats, "time_to_target_s": None if math.isinf(middle) else middle}
+    runs, and the time of the one at the median (:func:`median_run`), which :func:`best_fixed`
+    breaks ties by."""
+    return {"repeats": repeats, "time_to_target_s": median_run(repeats)["time_to_target_s"] if repeats else None}
 
 
 def best_fixed(runs: dict[str, dict[str, Any]], fixed: Sequence[str]) -> str:

@@ -42,12 +42,12 @@ from typing import Any, Sequence
 
 from benchmarks.adaptive.finals_floor import uncompressed_floor
 from benchmarks.adaptive.jobs import HeldOut, JobRun
-from benchmarks.adaptive.merge_seeds import check_together, seeds_of
 from benchmarks.adaptive.report import floor_line, seed_draws_table
 from benchmarks.adaptive.results import combine_repeats, eval_points, scenario_verdict, worst_ratios
 from benchmarks.adaptive.scenarios import HELD_OUT_SAMPLES, parse_schedule
 from benchmarks.adaptive.targets import judge_by_seed
 from benchmarks.adaptive.time_floor import time_floor_line, uncompressed_time_floor
+from benchmarks.adaptive.together import check_together, seeds_of
 from benchmarks.outputs import write_whole
 from planning.config import TrainConfig
 
@@ -127,7 +127,7 @@ class Source:
 
 def check_sources(names: Sequence[str], sources: Sequence[Source]) -> None:
     """Runs from several sources are judged together only where every source kept every one of
-    ``names``, their result files can be judged together (``merge_seeds.check_together``: the
+    ``names``, their result files can be judged together (``together.check_together``: the
     same job but its seeds, schedule and labels, on seeds of their own; the target rule may
     differ, as every run is judged anew) and either every source or none kept references of
     each of its seeds. A ValueError naming the files if not, before anything is evaluated (a

@@ -85,13 +85,7 @@ def markdown(doc: dict[str, Any]) -> str:
             out.append(f"| {label} | {ttt} | {each} | {shown} | {r['total_s']:.2f} | "
                        f"{r['final_eval']:.4f} | {v['final_eval_vs_none'][label]:+.1%} | {r['foreign_cores']} | {moves} |")
         out.append("")
-        floor = scenario.get("uncompressed_floor")
-        if floor:
-            out += [floor_line(floor), ""]
-        if scenario.get("uncompressed_time_floor"):
-            out += [time_floor_line(scenario["uncompressed_time_floor"]), ""]
-        if "seed_draws" in v:
-            out += seed_draws_table(v["seed_draws"])
+        out += floors_and_draws(scenario, v)
         own = scenario.get("against_own_none")
         if own:
             ratios = ", ".join(f"{label} {'miss' if r is None else f'{r:.3f}'}"
@@ -131,6 +125,19 @@ def floor_line(floor: dict[str, Any]) -> str:
     return (f"An uncompressed run by the same finals rule (each of a seed's `none` runs against the median of the "
             f"seed's others, one a seed drawn again, the median over {floor['seeds']} seeds): {low:+.1%} to "
             f"{high:+.1%} (5th-95th percentile), above {floor['margin']:+.0%} in {floor['above_margin']:.0%} of draws.")
+
+
+def floors_and_draws(scenario: dict[str, Any], verdict: dict[str, Any]) -> list[str]:
+    """What goes under a scenario's table: the finals rule and the time rule applied to
+    uncompressed runs, and the seeds drawn again, each where the scenario has it."""
+    lines: list[str] = []
+    if scenario.get("uncompressed_floor"):
+        lines += [floor_line(scenario["uncompressed_floor"]), ""]
+    if scenario.get("uncompressed_time_floor"):
+        lines += [time_floor_line(scenario["uncompressed_time_floor"]), ""]
+    if verdict.get("seed_draws"):
+        lines += seed_draws_table(verdict["seed_draws"])
+    return lines
 
 
 def seed_draws_table(drawn: dict[str, Any]) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 
 from benchmarks.adaptive.intervals import ratio_intervals, seed_draws
 from benchmarks.adaptive.jobs import JobRun
-from benchmarks.adaptive.pairing import best_fixed, is_adaptive, or_inf, paired_ratio
+from benchmarks.adaptive.pairing import best_fixed, is_adaptive, median_run, or_inf, paired_ratio
 from benchmarks.adaptive.scenarios import ADAPTIVE, Phase, boundaries
 from benchmarks.adaptive.targets import by_seed, hit_step
 
@@ -107,8 +107,7 @@ def combine_repeats(repeats: Sequence[dict[str, Any]]) -> dict[str, Any]:
     the finish (fp16 reached the target on three seeds of five), and with one seed a run's step
     times still moved by up to 17 % between runs on this machine.
     """
-    order = sorted(range(len(repeats)), key=lambda i: or_inf(repeats[i]["time_to_target_s"]))
-    middle = repeats[order[len(order) // 2]]
+    middle = median_run(repeats)
     first = repeats[0]
     entry = {**middle,
              "first_run": {key: first[key] for key in ("seed", "target", "eval", "rate_changes_s", "total_s") if key in first},

@@ -41,7 +41,7 @@ def judge_by_seed(repeats: dict[str, list[dict[str, Any]]], phases: Sequence[Pha
             result["target"] = targets[seed]
             result["time_to_target_s"] = time_to_target(result["eval"], result["target"])
             result["hit_step"] = hit_step(result["eval"], result["target"])
-            result["final_vs_none"] = round(result["final_eval"] / finals[seed] - 1, 4)
+            result["final_vs_none"] = final_against(result["final_eval"], finals[seed])
     return targets
 
 
@@ -94,6 +94,11 @@ def uncompressed_finals(none_runs: Sequence[dict[str, Any]], references: Sequenc
     the upper one of them judged every run of session 36 1 % better than the middle).
     """
     return {seed: median(r["final_eval"] for r in runs) for seed, runs in by_seed([*none_runs, *references]).items()}
+
+
+def final_against(final_eval: float, uncompressed_final: float) -> float:
+    """A run's final held-out loss against its seed's uncompressed final (0.01: 1 % above)."""
+    return round(final_eval / uncompressed_final - 1, 4)
 
 
 def time_to_target(evals: Sequence[Sequence[float]], target: float) -> float | None:

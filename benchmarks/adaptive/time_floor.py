@@ -2,23 +2,25 @@
 above the issue's 1.05 against another, on the seeds at hand.
 
 Why a module of its own: the finals rule has its floor (``benchmarks.adaptive.finals_floor``);
-the time rule needs one too. Each seed's runs of ``none`` differ only in the order of the
-training samples (the reference runs, ``benchmarks.adaptive.cli.run_references``, and the judged
-``none`` run), on the same link, so any ratio between their times to target is the rule's own
-scatter: what a choice exactly as good as the best fixed one could score by the draw. The
-verdict's time to target is the wall time of the first evaluation at or below the seed's target
-(``targets.time_to_target``), evaluations every 15 steps of 300, on a curve that scatters about
-0.024 between evaluations while its trend falls about 0.005 over the last 30 steps.
+the time rule needs one too. A seed's reference runs of ``none``
+(``benchmarks.adaptive.cli.run_references``) differ only in the order of the training samples
+and all ran on the fastest link the scenarios have, so any ratio between their times to target
+is the rule's own scatter: what a choice exactly as good as the best fixed one could score by
+the draw. (It is one figure for every scenario with the same number of steps, printed under
+each.) The verdict's time to target is the wall time of the first evaluation at or below the
+seed's target (``targets.time_to_target``), evaluations every 15 steps of 300, on a curve that
+scatters about 0.024 between evaluations while its trend falls about 0.005 over the last 30
+steps.
 """
 
 from __future__ import annotations
 
-import math
 import random
-from statistics import median, median_high
+from statistics import median
 from typing import Any, Sequence
 
-from benchmarks.adaptive.intervals import INTERVAL_DRAWS, INTERVAL_QUANTILES, quantile
+from benchmarks.adaptive.intervals import INTERVAL_DRAWS, INTERVAL_QUANTILES, quantile, share
+from benchmarks.adaptive.pairing import raw_paired_ratio
 from benchmarks.adaptive.targets import RATIO_MARGIN, by_seed, target_at, time_to_target
 
 
@@ -28,37 +30,36 @@ def uncompressed_time_floor(runs: Sequence[dict[str, Any]], margin: float = RATI
     takes it, for runs that differ only in their order of the training samples.
 
     ``runs``: uncompressed runs (``{"seed", "steps", "eval"}``, ``eval`` rows of
-    ``[step, wall_s, loss]``). Each draw takes, on every seed with three runs or more, one run as
-    the contender, another as the best fixed choice and the median of the others' held-out loss
-    at 90 % of the steps as the seed's target (the benchmark's target is the median of three
-    references; here of one run or more, the two compared left out), judges both against it,
-    and takes the median over seeds of contender ÷ best as ``results.paired_ratio`` does (a seed
-    where both miss left out, only the contender: infinite, only the best: 0). Returns the
-    5th-95th percentile of that median over ``draws`` draws (``interval``), the share of draws at
-    most ``margin`` (``within``) and the seeds used (``seeds``); None without a seed with three
+    ``[step, wall_s, loss]``): the benchmark passes a seed's reference runs. Each draw takes, on
+    every seed with three runs or more, one run as the contender, another as the best fixed
+    choice and the median of the others' held-out loss at 90 % of the steps as the seed's target
+    (the benchmark's target is the median of three references; here of the one run or more
+    left), judges both against it, and takes the median over seeds of contender ÷ best by the
+    verdict's own rule (``pairing.raw_paired_ratio``: a seed where both miss left out, only the
+    contender: infinite, only the best: 0). Returns the 5th-95th percentile of that median over
+    ``draws`` draws (``interval``), the share of draws at most ``margin`` (``within``: one-sided,
+    as the verdict's margin is) and the seeds used (``seeds``); None without a seed with three
     runs. Deterministic for a given ``seed``.
 
     What it is not: the whole verdict's floor. The verdict also picks the best of several
     fixed choices, each a draw of its own, which favours them; this pairs two runs only.
     """
-    grouped = [(s, [r for r in seed_runs if r.get("eval")]) for s, seed_runs in by_seed(runs).items()]
-    usable = [seed_runs for _, seed_runs in grouped if len(seed_runs) >= 3]
+    usable = [seed_runs for seed_runs in by_seed([r for r in runs if r.get("eval")]).values() if len(seed_runs) >= 3]
     if not usable:
         return None
     rng = random.Random(seed)
     medians = []
     for _ in range(draws):
-        ratios = []
-        for seed_runs in usable:
-            contender, best, *others = rng.sample(seed_runs, len(seed_runs))
+        contender: list[dict[str, Any]] = []
+        best: list[dict[str, Any]] = []
+        for position, seed_runs in enumerate(usable):
+            mine, theirs, *others = rng.sample(seed_runs, len(seed_runs))
             target = median(target_at(r["eval"], r["steps"]) for r in others)
-            mine, theirs = time_to_target(contender["eval"], target), time_to_target(best["eval"], target)
-            if mine is None and theirs is None:
-                continue
-            ratios.append(math.inf if mine is None else 0.0 if theirs is None else mine / theirs)
-        medians.append(median_high(ratios) if ratios else math.nan)
+            contender.append({"seed": position, "time_to_target_s": time_to_target(mine["eval"], target)})
+            best.append({"seed": position, "time_to_target_s": time_to_target(theirs["eval"], target)})
+        medians.append(raw_paired_ratio({"repeats": contender}, {"repeats": best}))
     return {"interval": [quantile(medians, q) for q in INTERVAL_QUANTILES],
-            "within": round(sum(m <= margin for m in medians) / draws, 3), "margin": margin, "seeds": len(usable),
+            "within": share(medians, lambda m: m <= margin), "margin": margin, "seeds": len(usable),
             "runs_per_seed": sorted({len(seed_runs) for seed_runs in usable})}
 
 
@@ -66,6 +67,7 @@ def time_floor_line(floor: dict[str, Any]) -> str:
     """:func:`uncompressed_time_floor` in words."""
     low, high = ("miss" if b is None else f"{b:.3f}" for b in floor["interval"])
     per_seed = "/".join(map(str, floor["runs_per_seed"]))
-    return (f"An uncompressed run by the same time rule (one of a seed's {per_seed} uncompressed runs against another, "
-            f"the seed's target from the others, the median over {floor['seeds']} seeds): {low} to {high} "
-            f"(5th-95th percentile), at most {floor['margin']:g} in {floor['within']:.0%} of draws.")
+    return (f"An uncompressed run by the same time rule (one of a seed's {per_seed} reference runs of `none` against "
+            f"another, the seed's target from the rest, the median over {floor['seeds']} seeds; the references ran on "
+            f"the fastest link): {low} to {high} (5th-95th percentile), at most {floor['margin']:g} in "
+            f"{floor['within']:.0%} of draws.")

@@ -135,7 +135,8 @@ def test_runs_on_other_seeds_are_judged_together_as_if_one_run_had_made_them(
     stored = {seed: json.loads(files[name][0].read_text())["scenarios"]["steady"]["runs"] for seed, name in (("0", "first"), ("1", "second"))}
     assert row["against_reference"]["times_by_seed"] == {
         label: {seed: stored[seed][label]["time_to_target_s"] for seed in ("0", "1")} for label in stored["0"]}
-    assert set(row["finals_by_seed"]["adaptive"]) == {"0", "1"}
+    assert row["against_reference"]["finals_by_seed"] == {
+        label: {seed: stored[seed][label]["final_vs_none"] for seed in ("0", "1")} for label in stored["0"]}
     assert row["against_reference"]["seed_draws"]["seeds"] == 2 and set(row["seed_draws"]["ratio"]) == set(stored["0"])
     assert "2 seeds drawn again with replacement" in together.with_suffix(".md").read_text()
     assert merged["also"] == [{"result": str(files["second"][0]), "keep": str(files["second"][1]),

@@ -28,7 +28,7 @@ def test_one_seed_of_three_offset_runs_scores_as_worked_out() -> None:
     assert floor is not None
     assert floor["within"] == pytest.approx(0.5, abs=0.04)
     assert floor["interval"] == [round(17 / 19, 3), round(19 / 17, 3)]
-    assert "at most 1.05 in" in time_floor_line(floor) and "3 uncompressed runs" in time_floor_line(floor)
+    assert "at most 1.05 in" in time_floor_line(floor) and "3 reference runs" in time_floor_line(floor)
 
 
 def test_a_contender_that_never_reaches_the_target_is_a_miss() -> None:
