@@ -139,10 +139,10 @@ def seed_draws(runs: dict[str, dict[str, Any]], draws: int = INTERVAL_DRAWS, see
     the verdict is a median over seeds, each seed's time read off the first noisy evaluation
     below its target, and the same code's verdict moved from 0.935 to 1.145 between two batches
     of four seeds (steady-slow, session 41), nearly the same code's from 1.126 to 0.961 between
-    two batches of twelve (steady-fast, sessions 40 and 41). Whether a median over N seeds meets a 5 % margin is a
-    question of how far it moves with the draw. What it is not: a confidence interval of the
-    policy's true ratio (a bootstrap of a median over few seeds is coarse, and draws only the
-    seeds there are). None with fewer than two seeds. Deterministic for a given ``seed``.
+    two batches of twelve (steady-fast, sessions 40 and 41). Whether a median over N seeds meets
+    a 5 % margin is a question of how far it moves with the draw. What it is not: a confidence
+    interval of the policy's true ratio (a bootstrap of a median over few seeds is coarse, and
+    draws only the seeds there are). None with fewer than two seeds. Deterministic for a given ``seed``.
     """
     drawn = draw_seeds(runs, draws, seed)
     if drawn is None:
@@ -175,8 +175,8 @@ def acceptance_draws(scenarios: Sequence[dict[str, dict[str, Any]]], label: str,
     if len(drawn) != len(scenarios) or len({tuple(d.seeds) for d in drawn}) != 1:
         return None
     outcomes = [[d.within(label, i) for d in drawn] for i in range(draws)]
-    out = {"label": label, "draws": draws, "scenarios": len(scenarios),
-           "time": share([all(t for t, _ in o) for o in outcomes], bool)}
+    out: dict[str, Any] = {"label": label, "draws": draws, "scenarios": len(scenarios),
+                           "time": share([all(t for t, _ in o) for o in outcomes], bool)}
     if not any(math.isnan(f) for d in drawn for f in d.finals[label]):  # files before session 42: no finals per run
         out.update({"finals": share([all(f for _, f in o) for o in outcomes], bool),
                     "both": share([all(t and f for t, f in o) for o in outcomes], bool)})

@@ -14,10 +14,12 @@ the benchmark's own size it reproduces the stored times (session 41: every run o
 
 Per scenario: each label's ratio to the best fixed choice (paired by seed), its hit step and
 final per seed, its final against uncompressed training's, the finals rule and the time rule on
-the uncompressed runs (``uncompressed_floor``, ``uncompressed_time_floor``) and the seeds drawn again (``seed_draws``); each label's worst
-ratio over the scenarios, and the share of draws in which adaptive meets both of the issue's
-margins in every scenario at once (``acceptance_draws``). The files must hold the same job (but its seeds), schedules, labels
-and target rule, on seeds of their own.
+the uncompressed runs (``uncompressed_floor``, ``uncompressed_time_floor``) and the seeds drawn
+again (``seed_draws``); each label's worst ratio over the scenarios, and the share of draws in
+which adaptive meets both of the issue's margins in every scenario at once
+(``acceptance_draws``). The files must hold the same job (but its seeds), schedules, labels and
+target rule, on seeds of their own (``benchmarks.adaptive.together``); the commit each file's
+runs ran on is listed where the file records it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def merged_scenario(name: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]
     """Scenario ``name`` of several result files (checked by :func:`check_together`) judged as
     one: every label's runs over all the seeds, each with its final against its seed's
     uncompressed final (the median of the seed's ``none`` runs and references, as the benchmark
-    sets it), the verdict over them and the finals rule on the uncompressed runs."""
+    sets it), the verdict over them and the finals and time rules on the uncompressed runs."""
     scenarios = [doc["scenarios"][name] for doc in docs]
     labels = list(scenarios[0]["runs"])
     runs = {label: [dict(stored) for s in scenarios for stored in s["runs"][label].get("repeats") or [s["runs"][label]]]
@@ -69,8 +71,9 @@ def merged_scenario(name: str, docs: Sequence[dict[str, Any]]) -> dict[str, Any]
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    """One table per scenario (ratio, hit step by seed, final vs none), the finals rule on the
-    uncompressed runs and the seeds drawn again under it; each label's worst ratio."""
+    """One table per scenario (ratio, hit step by seed, final vs none), the rules on the
+    uncompressed runs and the seeds drawn again under it; each label's worst ratio, the draws of
+    the acceptance as a whole, the commits."""
     lines: list[str] = []
     for name, scenario in doc["scenarios"].items():
         verdict = scenario["verdict"]
@@ -97,7 +100,7 @@ def markdown(doc: dict[str, Any]) -> str:
     commits = sorted({c for c in doc.get("commits", {}).values() if c})
     if commits:
         lines.append(f"Commits the files' runs ran on: {', '.join(commits)}"
-                     + ("" if len(commits) == 1 else " (not one code: say which change each made)") + ".")
+                     + ("" if len(commits) == 1 else " (several: judged as one only where their policies decide alike)") + ".")
     return "\n".join([*lines, ""])
 
 
