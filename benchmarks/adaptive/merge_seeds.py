@@ -97,10 +97,12 @@ def markdown(doc: dict[str, Any]) -> str:
             line += (f", its final within {FINAL_MARGIN:+.0%} of uncompressed in all of them in {together['finals']:.0%}, "
                      f"both in {together['both']:.0%}")
         lines.append(line + ".")
-    commits = sorted({c for c in doc.get("commits", {}).values() if c})
-    if commits:
-        lines.append(f"Commits the files' runs ran on: {', '.join(commits)}"
-                     + ("" if len(commits) == 1 else " (several: judged as one only where their policies decide alike)") + ".")
+    recorded = list(doc.get("commits", {}).values())
+    if any(recorded):
+        counts = {commit: recorded.count(commit) for commit in dict.fromkeys(recorded)}
+        listed = ", ".join(f"{commit or 'not recorded'} ({n} file{'s' if n > 1 else ''})" for commit, n in counts.items())
+        lines.append(f"Commits the files' runs ran on: {listed}"
+                     + (" (several: judged as one only where their policies decide alike)" if len(counts) > 1 else "") + ".")
     return "\n".join([*lines, ""])
 
 

@@ -111,4 +111,9 @@ def test_files_without_an_adaptive_run_merge_without_the_acceptance_draws(tmp_pa
     assert main([write(tmp_path / "fixed-only.json", fixed), "--json-out", str(out)]) == 0
     merged = json.loads(out.read_text())
     assert merged["acceptance_draws"] is None and merged["commits"] == {str(tmp_path / "fixed-only.json"): None}
+    assert "Commits" not in out.with_suffix(".md").read_text()  # none recorded: nothing to list
+    second = json.loads(SESSION_41[1].read_text())
+    second["job"]["commit"] = "abc1234"
+    assert main([str(SESSION_41[0]), write(tmp_path / "recorded.json", second), "--json-out", str(out)]) == 0
+    assert "Commits the files' runs ran on: not recorded (1 file), abc1234 (1 file) (several" in out.with_suffix(".md").read_text()
     assert set(merged["scenarios"]["steady-slow"]["verdict"]["ratio_to_best"]) == {"none", "fp16", "powersgd-r4"}
