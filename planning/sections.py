@@ -160,7 +160,7 @@ class DataConfig(_Section):
 
 
 #: The learning-rate schedules a job may name (command lines offer the same choices).
-LrSchedule = Literal["constant", "cosine", "step"]
+LrSchedule = Literal["constant", "cosine", "linear", "step"]
 LR_SCHEDULES: tuple[str, ...] = get_args(LrSchedule)
 
 
