@@ -8,15 +8,17 @@ and all ran on the fastest link the scenarios have, so any ratio between their t
 is the rule's own scatter: what a choice exactly as good as the best fixed one could score by
 the draw. (It is one figure for every scenario with the same number of steps, printed under
 each.) The verdict's time to target is the wall time of the first evaluation at or below the
-seed's target (``targets.time_to_target``), evaluations every 15 steps of 300, on a curve that
-scatters about 0.024 between evaluations while its trend falls about 0.005 over the last 30
-steps.
+seed's target (``targets.time_to_target``), evaluations every 15 steps of 300. Under the
+cosine schedule the curve scatters about 0.024 between evaluations while its trend falls about
+0.005 over the last 30 steps; :func:`finish` measures both on the runs at hand, so a schedule
+can be judged by how well its finish tells runs apart before any policy is judged with it.
 """
 
 from __future__ import annotations
 
 import random
-from statistics import median
+from math import sqrt
+from statistics import fmean, median, variance
 from typing import Any, Sequence
 
 from benchmarks.adaptive.intervals import INTERVAL_DRAWS, INTERVAL_QUANTILES, quantile, share
@@ -60,7 +62,23 @@ def uncompressed_time_floor(runs: Sequence[dict[str, Any]], margin: float = RATI
         medians.append(raw_paired_ratio({"repeats": contender}, {"repeats": best}))
     return {"interval": [quantile(medians, q) for q in INTERVAL_QUANTILES],
             "within": share(medians, lambda m: m <= margin), "margin": margin, "seeds": len(usable),
-            "runs_per_seed": sorted({len(seed_runs) for seed_runs in usable})}
+            "runs_per_seed": sorted({len(seed_runs) for seed_runs in usable}), "finish": finish(usable)}
+
+
+def finish(seeds: Sequence[Sequence[dict[str, Any]]]) -> dict[str, float]:
+    """How well the finish tells runs apart: what the curve still falls after the target's step
+    against how far runs of one seed lie apart there.
+
+    ``descent``: the median over runs of the held-out loss at 90 % of the steps less the last
+    evaluation's (what a run one evaluation late still has to make up is a part of it);
+    ``scatter``: the standard deviation of the loss at 90 % of the steps among a seed's runs,
+    pooled over seeds (the root of the mean variance). A scatter several times the descent is
+    a finish decided by the draw: which run's curve lies below the target is then a matter of
+    its offset, not of how fast it falls.
+    """
+    descents = [target_at(r["eval"], r["steps"]) - r["eval"][-1][2] for runs in seeds for r in runs]
+    variances = [variance([target_at(r["eval"], r["steps"]) for r in runs]) for runs in seeds]
+    return {"descent": round(median(descents), 5), "scatter": round(sqrt(fmean(variances)), 5)}
 
 
 def time_floor_line(floor: dict[str, Any]) -> str:
@@ -70,4 +88,12 @@ def time_floor_line(floor: dict[str, Any]) -> str:
     return (f"An uncompressed run by the same time rule (one of a seed's {per_seed} reference runs of `none` against "
             f"another, the seed's target from the rest, the median over {floor['seeds']} seeds; the references ran on "
             f"the fastest link): {low} to {high} (5th-95th percentile), at most {floor['margin']:g} in "
-            f"{floor['within']:.0%} of draws.")
+            f"{floor['within']:.0%} of draws.{finish_text(floor.get('finish'))}")
+
+
+def finish_text(numbers: dict[str, float] | None) -> str:
+    """:func:`finish` in words (nothing for result files written before it)."""
+    if not numbers:
+        return ""
+    return (f" After the target's step the curve falls {numbers['descent']:.4f} (median), against a scatter of "
+            f"{numbers['scatter']:.4f} among a seed's runs there.")

@@ -43,3 +43,11 @@ def test_a_contender_that_never_reaches_the_target_is_a_miss() -> None:
 def test_without_three_runs_on_a_seed_there_is_no_floor() -> None:
     assert uncompressed_time_floor([run(0, 0), run(0, 1), run(1, 0)]) is None
     assert uncompressed_time_floor([]) is None
+
+
+def test_the_finish_is_the_descent_after_the_target_against_the_scatter_there() -> None:
+    """Every run falls 82 + o -> 80 + o from step 270 to 300 (descent 2); seed 0's offsets
+    0, 1, 2 have a variance of 1 at step 270, seed 1's 0, 0, 0 none: pooled, sqrt(1/2)."""
+    floor = uncompressed_time_floor([run(0, 0), run(0, 1), run(0, 2), run(1, 0), run(1, 0), run(1, 0)])
+    assert floor is not None and floor["finish"] == {"descent": 2.0, "scatter": pytest.approx(0.70711)}
+    assert "falls 2.0000 (median), against a scatter of 0.7071" in time_floor_line(floor)
