@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from benchmarks.outputs import write_whole
 from planning.config import TrainConfig
+from planning.sections import LR_SCHEDULES
 
 #: (label, compression settings) in the order they are reported; "none" is the S-SGD baseline.
 CHOICES: dict[str, dict[str, Any]] = {
@@ -150,7 +151,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=300, help="steps per run (~13 epochs of digits at 2x32)")
     parser.add_argument("--batch-size", type=int, default=32, help="per worker")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--lr-schedule", default="cosine", choices=["constant", "cosine", "step"])
+    parser.add_argument("--lr-schedule", default="cosine", choices=LR_SCHEDULES)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="each compressor runs every seed")
     parser.add_argument("--report-interval-s", type=float, default=0.1, help="loss-curve sampling")
     parser.add_argument("--ray", action="store_true", help="run on a local Ray cluster (Ray Train) instead of run_local")

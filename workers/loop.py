@@ -174,7 +174,9 @@ def _lr_schedule(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps
     if cfg.optimizer.lr_schedule == "linear":
         # To 0 at the last step like the cosine, but still a tenth of the start at 90 % of the
         # steps (the cosine's: 2.4 %), so the loss is still falling there.
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: max(0.0, 1.0 - step / max(1, total_steps)))
+        # LinearLR keeps its length in its state, as the cosine keeps T_max: a resume follows
+        # the schedule the job began with.
+        return torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.0, total_iters=max(1, total_steps))
     if cfg.optimizer.lr_schedule == "step":
         return torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, total_steps // 3), gamma=0.1)
     return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)

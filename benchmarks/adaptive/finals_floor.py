@@ -13,7 +13,7 @@ import random
 from statistics import median, median_high
 from typing import Any, Sequence
 
-from benchmarks.adaptive.intervals import INTERVAL_DRAWS, INTERVAL_QUANTILES, quantile
+from benchmarks.adaptive.intervals import INTERVAL_DRAWS, INTERVAL_QUANTILES, quantile, share
 from benchmarks.adaptive.targets import FINAL_MARGIN, by_seed
 
 
@@ -45,7 +45,7 @@ def uncompressed_floor(none_runs: Sequence[dict[str, Any]], references: Sequence
     rng = random.Random(seed)
     medians = [median_high([rng.choice(seed_offsets) for seed_offsets in offsets]) for _ in range(draws)]
     return {"interval": [quantile(medians, q, digits=4) for q in INTERVAL_QUANTILES],
-            "above_margin": round(sum(m > margin for m in medians) / draws, 3), "margin": margin, "seeds": len(grouped)}
+            "above_margin": share(medians, lambda m: m > margin), "margin": margin, "seeds": len(grouped)}
 
 
 def scenario_floor(scenario: dict[str, Any]) -> dict[str, Any] | None:

@@ -10,8 +10,9 @@ the draw. (It is one figure for every scenario with the same number of steps, pr
 each.) The verdict's time to target is the wall time of the first evaluation at or below the
 seed's target (``targets.time_to_target``), evaluations every 15 steps of 300. Under the
 cosine schedule the curve scatters about 0.024 between evaluations while its trend falls about
-0.005 over the last 30 steps; :func:`finish` measures both on the runs at hand, so a schedule
-can be judged by how well its finish tells runs apart before any policy is judged with it.
+0.005 over the last 30 steps; :func:`finish` measures that fall and how far a seed's runs lie
+apart at the target's step, on the runs at hand, so a schedule can be judged by how well its
+finish tells runs apart before any policy is judged with it.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def finish(seeds: Sequence[Sequence[dict[str, Any]]]) -> dict[str, float]:
     ``scatter``: the standard deviation of the loss at 90 % of the steps among a seed's runs,
     pooled over seeds (the root of the mean variance). A scatter several times the descent is
     a finish decided by the draw: which run's curve lies below the target is then a matter of
-    its offset, not of how fast it falls.
+    its offset, not of how fast it falls. Every seed needs two runs or more (the floor passes
+    those with three).
     """
     descents = [target_at(r["eval"], r["steps"]) - r["eval"][-1][2] for runs in seeds for r in runs]
     variances = [variance([target_at(r["eval"], r["steps"]) for r in runs]) for runs in seeds]

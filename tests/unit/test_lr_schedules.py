@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
@@ -46,3 +47,26 @@ def test_cosine_at_ninety_percent_keeps_a_fortieth_of_the_rate() -> None:
     assert lr[270] == pytest.approx(0.02 * (1 + math.cos(math.pi * 0.9)) / 2, rel=1e-9)
     assert lr[270] / lr[0] == pytest.approx(0.0245, abs=5e-4)
     assert lr[-1] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_linear_resumes_where_its_checkpoint_left_off() -> None:
+    """The scheduler's state (what ``workers.trainstate`` saves) carries its length: resumed
+    into a job whose step count differs (epochs on another world size), it keeps the first."""
+    cfg = TrainConfig(name="s", model="cnn", dataset="synthetic", steps=TOTAL, lr=0.02, lr_schedule="linear")
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.02)
+    scheduler = _lr_schedule(cfg, optimizer, TOTAL)
+    for _ in range(100):
+        optimizer.step()
+        scheduler.step()
+    buffer = io.BytesIO()
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=False)
+    resumed_optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.02)
+    resumed = _lr_schedule(cfg, resumed_optimizer, 2 * TOTAL)
+    resumed_optimizer.load_state_dict(saved["optimizer"])
+    resumed.load_state_dict(saved["scheduler"])
+    for step in range(100, 150):
+        assert resumed_optimizer.param_groups[0]["lr"] == pytest.approx(0.02 * (1 - step / TOTAL), abs=1e-12)
+        resumed_optimizer.step()
+        resumed.step()

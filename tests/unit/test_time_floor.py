@@ -46,8 +46,12 @@ def test_without_three_runs_on_a_seed_there_is_no_floor() -> None:
 
 
 def test_the_finish_is_the_descent_after_the_target_against_the_scatter_there() -> None:
-    """Every run falls 82 + o -> 80 + o from step 270 to 300 (descent 2); seed 0's offsets
-    0, 1, 2 have a variance of 1 at step 270, seed 1's 0, 0, 0 none: pooled, sqrt(1/2)."""
-    floor = uncompressed_time_floor([run(0, 0), run(0, 1), run(0, 2), run(1, 0), run(1, 0), run(1, 0)])
-    assert floor is not None and floor["finish"] == {"descent": 2.0, "scatter": pytest.approx(0.70711)}
+    """Every run falls 82 + o -> 80 + o from step 270 to 300 (descent 2) but seed 1's last,
+    whose final evaluation lies 5 lower (descent 7): the median of 2, 2, 2, 2, 2, 7 is 2 (a mean
+    would be 2.83). Seed 0's offsets 0, 1, 2 have a (sample) variance of 1 at step 270, seed
+    1's 0, 0, 0 none: pooled, sqrt(1/2)."""
+    steep = run(1, 0)
+    steep["eval"][-1][2] -= 5
+    floor = uncompressed_time_floor([run(0, 0), run(0, 1), run(0, 2), run(1, 0), run(1, 0), steep])
+    assert floor is not None and floor["finish"] == {"descent": 2.0, "scatter": pytest.approx(0.70711, abs=1e-9)}
     assert "falls 2.0000 (median), against a scatter of 0.7071" in time_floor_line(floor)
