@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from statistics import median_high
 from typing import Any, Sequence
@@ -99,7 +100,7 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(line + ".")
     recorded = list(doc.get("commits", {}).values())
     if any(recorded):
-        counts = {commit: recorded.count(commit) for commit in dict.fromkeys(recorded)}
+        counts = Counter(recorded)  # in the files' order
         listed = ", ".join(f"{commit or 'not recorded'} ({n} file{'s' if n > 1 else ''})" for commit, n in counts.items())
         lines.append(f"Commits the files' runs ran on: {listed}"
                      + (" (several: judged as one only where their policies decide alike)" if len(counts) > 1 else "") + ".")

@@ -78,8 +78,9 @@ def finish(seeds: Sequence[Sequence[dict[str, Any]]]) -> dict[str, float]:
     its offset, not of how fast it falls. Every seed needs two runs or more (the floor passes
     those with three).
     """
-    descents = [target_at(r["eval"], r["steps"]) - r["eval"][-1][2] for runs in seeds for r in runs]
-    variances = [variance([target_at(r["eval"], r["steps"]) for r in runs]) for runs in seeds]
+    at_target = [[(target_at(r["eval"], r["steps"]), r["eval"][-1][2]) for r in runs] for runs in seeds]
+    descents = [at - last for runs in at_target for at, last in runs]
+    variances = [variance([at for at, _ in runs]) for runs in at_target]
     return {"descent": round(median(descents), 5), "scatter": round(sqrt(fmean(variances)), 5)}
 
 

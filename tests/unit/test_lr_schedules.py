@@ -15,11 +15,17 @@ from workers.loop import _lr_schedule
 TOTAL = 300
 
 
+def built(schedule: str, total: int = TOTAL, lr: float = 0.02) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """An optimizer of one parameter and the scheduler a job naming ``schedule`` builds for
+    ``total`` steps."""
+    cfg = TrainConfig(name="s", model="cnn", dataset="synthetic", steps=TOTAL, lr=lr, lr_schedule=schedule)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    return optimizer, _lr_schedule(cfg, optimizer, total)
+
+
 def rates(schedule: str, total: int = TOTAL, lr: float = 0.02) -> list[float]:
     """The rate in force at each step 0..total of a job naming ``schedule``."""
-    cfg = TrainConfig(name="s", model="cnn", dataset="synthetic", steps=total, lr=lr, lr_schedule=schedule)
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
-    scheduler = _lr_schedule(cfg, optimizer, total)
+    optimizer, scheduler = built(schedule, total, lr)
     out = []
     for _ in range(total + 1):
         out.append(optimizer.param_groups[0]["lr"])
@@ -52,9 +58,7 @@ def test_cosine_at_ninety_percent_keeps_a_fortieth_of_the_rate() -> None:
 def test_linear_resumes_where_its_checkpoint_left_off() -> None:
     """The scheduler's state (what ``workers.trainstate`` saves) carries its length: resumed
     into a job whose step count differs (epochs on another world size), it keeps the first."""
-    cfg = TrainConfig(name="s", model="cnn", dataset="synthetic", steps=TOTAL, lr=0.02, lr_schedule="linear")
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.02)
-    scheduler = _lr_schedule(cfg, optimizer, TOTAL)
+    optimizer, scheduler = built("linear")
     for _ in range(100):
         optimizer.step()
         scheduler.step()
@@ -62,8 +66,7 @@ def test_linear_resumes_where_its_checkpoint_left_off() -> None:
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, buffer)
     buffer.seek(0)
     saved = torch.load(buffer, weights_only=False)
-    resumed_optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.02)
-    resumed = _lr_schedule(cfg, resumed_optimizer, 2 * TOTAL)
+    resumed_optimizer, resumed = built("linear", 2 * TOTAL)
     resumed_optimizer.load_state_dict(saved["optimizer"])
     resumed.load_state_dict(saved["scheduler"])
     for step in range(100, 150):
