@@ -132,8 +132,9 @@ def probe_link(
     2. One warm-up all-reduce per size: connections, buffers and caches warm up, and the
        large one drains a token-bucket shaper's burst (else a probe that fits in the burst
        reports the line rate). ``warmup=False`` skips it (for tests).
-    3. ``repeats`` rounds over the sizes; before each timing a barrier lines the ranks up,
-       and on CUDA a synchronise makes the clock stop when the data has arrived. With
+    3. ``repeats`` timings of each size (:func:`_timed_rounds`: the large message back to
+       back, then the smaller ones, each after a barrier); on CUDA a synchronise makes the
+       clock stop when the data has arrived. With
        ``stop_after_s``, if the large warm-up (or, without warm-up, the first round's large
        message) took longer on any rank (the ranks agree by an all-reduce of their times),
        that long transfer is the measurement and no more rounds follow: the link is much
@@ -196,11 +197,9 @@ def probe_link(
                 tensors[-1], nbytes[-1] = piece, piece.numel() * piece.element_size()
                 _measured_once(piece_s, tensors, times, process_group, dev)
                 rounds = 0
-    for round_ in range(rounds):
-        for i, tensor in enumerate(tensors):
-            times[i].append(_timed_all_reduce(tensor, process_group, dev))
-        if stop_after_s is not None and round_ == 0 and not warmup and _slowest(times[-1][0], process_group, dev) > stop_after_s:
-            break
+    if rounds:
+        cut_after_s = None if warmup else stop_after_s
+        _timed_rounds(tensors, times, rounds, cut_after_s, process_group, dev)
     alpha, beta = fit_alpha_beta(nbytes, [statistics.median(ts) for ts in times], world_size)
     wake = 0.0
     if wake_rounds:
@@ -330,6 +329,33 @@ def _probe_tensors(sizes: Sequence[int], device: "torch.device") -> list["torch.
     return [torch.ones(c, dtype=torch.float32, device=device) for c in counts]
 
 
+def _timed_rounds(tensors: "list[torch.Tensor]", times: list[list[float]], rounds: int, cut_after_s: float | None,
+                  process_group: "dist.ProcessGroup | None", device: "torch.device") -> None:
+    """Append ``rounds`` timings of every size to ``times``: the largest message back to back
+    after one barrier, then each smaller size after a barrier of its own.
+
+    Why back to back: a token-bucket shaper refills while the link is idle, and whatever it
+    refilled goes through at line rate. With a barrier and the small message between the large
+    ones, a loaded machine's scheduling gaps refilled the bucket before each large timing: on
+    the testbed's 50 Mbit/s link (a 256 KiB probe, a 64 KiB bucket) 20 probes read 39-57
+    Mbit/s on an idle machine and 52-68 with one core busy beside them (74 in a CI run); back
+    to back, 20 probes each with 0, 1 and 2 cores busy read 47.4-52.5. The collective that ends one timing lines the ranks up
+    for the next. ``cut_after_s``: if the first large timing took longer on any rank, it is
+    the only one (the link is much slower than the probe was sized for), and each smaller
+    size is timed once beside it.
+    """
+    import torch.distributed as dist
+
+    dist.barrier(group=process_group)
+    for round_ in range(rounds):
+        times[-1].append(_timed_all_reduce(tensors[-1], process_group, device, aligned=False))
+        if cut_after_s is not None and round_ == 0 and _slowest(times[-1][0], process_group, device) > cut_after_s:
+            break
+    for _ in times[-1]:
+        for i, tensor in enumerate(tensors[:-1]):
+            times[i].append(_timed_all_reduce(tensor, process_group, device))
+
+
 def _measured_once(large_s: float, tensors: "list[torch.Tensor]", times: list[list[float]],
                    process_group: "dist.ProcessGroup | None", device: "torch.device") -> None:
     """A probe cut short: the large message's one time is ``large_s``; time each smaller size
@@ -368,10 +394,12 @@ def _drain_in_pieces(tensor: "torch.Tensor", process_group: "dist.ProcessGroup |
 
 
 def _timed_all_reduce(tensor: "torch.Tensor", process_group: "dist.ProcessGroup | None",
-                      device: "torch.device") -> float:
+                      device: "torch.device", aligned: bool = True) -> float:
+    """Seconds of one all-reduce of ``tensor`` on this rank; ``aligned``: after a barrier."""
     import torch.distributed as dist
 
-    dist.barrier(group=process_group)
+    if aligned:
+        dist.barrier(group=process_group)
     synchronize(device)
     start = time.perf_counter()
     dist.all_reduce(tensor, group=process_group)
