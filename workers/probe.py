@@ -339,19 +339,24 @@ def _timed_rounds(tensors: "list[torch.Tensor]", times: list[list[float]], round
     ones, a loaded machine's scheduling gaps refilled the bucket before each large timing: on
     the testbed's 50 Mbit/s link (a 256 KiB probe, a 64 KiB bucket) 20 probes read 39-57
     Mbit/s on an idle machine and 52-68 with one core busy beside them (74 in a CI run); back
-    to back, 20 probes each with 0, 1 and 2 cores busy read 47.4-52.5. The collective that ends one timing lines the ranks up
-    for the next. ``cut_after_s``: if the first large timing took longer on any rank, it is
-    the only one (the link is much slower than the probe was sized for), and each smaller
-    size is timed once beside it.
+    to back, 20 probes each with 0, 1 and 2 cores busy read 47.4-52.5. Without a barrier
+    between them each rank starts its next clock when its last collective ends; the ranks
+    leave a collective a little apart, and the skew adds to a time (a reading low, if
+    anything). ``cut_after_s``: if the first large timing took longer on any rank, it is the
+    only one (the link is much slower than the probe was sized for), and each smaller size is
+    timed once beside it; the ranks agree on that by an all-reduce after the first timing, so
+    with ``cut_after_s`` the first two large timings are not back to back.
     """
     import torch.distributed as dist
 
     dist.barrier(group=process_group)
+    large = 0
     for round_ in range(rounds):
         times[-1].append(_timed_all_reduce(tensors[-1], process_group, device, aligned=False))
-        if cut_after_s is not None and round_ == 0 and _slowest(times[-1][0], process_group, device) > cut_after_s:
+        large += 1
+        if cut_after_s is not None and round_ == 0 and _slowest(times[-1][-1], process_group, device) > cut_after_s:
             break
-    for _ in times[-1]:
+    for _ in range(large):
         for i, tensor in enumerate(tensors[:-1]):
             times[i].append(_timed_all_reduce(tensor, process_group, device))
 
