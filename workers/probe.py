@@ -357,8 +357,14 @@ def _timed_rounds(tensors: "list[torch.Tensor]", times: list[list[float]], round
         if cut_after_s is not None and round_ == 0 and _slowest(times[-1][-1], process_group, device) > cut_after_s:
             break
     for _ in range(large):
-        for i, tensor in enumerate(tensors[:-1]):
-            times[i].append(_timed_all_reduce(tensor, process_group, device))
+        _time_smaller_sizes(tensors, times, process_group, device)
+
+
+def _time_smaller_sizes(tensors: "list[torch.Tensor]", times: list[list[float]],
+                        process_group: "dist.ProcessGroup | None", device: "torch.device") -> None:
+    """Time every size but the largest once, each after a barrier, appending to ``times``."""
+    for i, tensor in enumerate(tensors[:-1]):
+        times[i].append(_timed_all_reduce(tensor, process_group, device))
 
 
 def _measured_once(large_s: float, tensors: "list[torch.Tensor]", times: list[list[float]],
@@ -366,8 +372,7 @@ def _measured_once(large_s: float, tensors: "list[torch.Tensor]", times: list[li
     """A probe cut short: the large message's one time is ``large_s``; time each smaller size
     once beside it (the fit needs every size)."""
     times[-1].append(large_s)
-    for i, tensor in enumerate(tensors[:-1]):
-        times[i].append(_timed_all_reduce(tensor, process_group, device))
+    _time_smaller_sizes(tensors, times, process_group, device)
 
 
 #: The most pieces a probe's large warm-up goes in (each at least :data:`PILOT_BYTES`).

@@ -131,21 +131,24 @@ def testbed_ok() -> None:
         pytest.skip(f"network namespaces unavailable: {why}")
 
 
+def _ranks_across(tb: Testbed, script: str, port: int, *args: str, timeout: float = 90) -> list:
+    """Each rank's last printed line, as JSON, from ``script`` run on both hosts of the testbed
+    (argv: the init method, the rank, the world size, then ``args``). Both ranks are waited for
+    before a failure is reported, so none is left running."""
+    init = f"tcp://{tb.address(0)}:{port}"
+    procs = [tb.run(i, [sys.executable, "-c", script, init, str(i), "2", *args], env=worker_env(tb, i),
+                    cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outputs = [proc.communicate(timeout=timeout) for proc in procs]
+    for proc, (_, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-3000:]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+
 def _probe_across(tb: Testbed, port: int, **sized: object) -> list[dict]:
     """Both ranks' estimates from one probe across the testbed (``sized``: probe_link's
     keyword arguments)."""
-    init = f"tcp://{tb.address(0)}:{port}"
-    procs = [
-        tb.run(i, [sys.executable, "-c", PROBE_RANK, init, str(i), "2", json.dumps(sized)], env=worker_env(tb, i),
-               cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)
-    ]
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=90)
-        assert proc.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    return _ranks_across(tb, PROBE_RANK, port, json.dumps(sized))
 
 
 @pytest.mark.slow
@@ -188,17 +191,10 @@ def test_probes_beside_a_busy_core_read_a_shaped_links_rate_within_15_percent(te
     try:
         with Testbed(hosts=2, mbit=50) as tb:
             cap_gso(tb)
-            init = f"tcp://{tb.address(0)}:29514"
-            procs = [tb.run(i, [sys.executable, "-c", PROBES_RANK, init, str(i), "2", "8"], env=worker_env(tb, i),
-                            cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                     for i in range(2)]
-            outputs = [proc.communicate(timeout=120) for proc in procs]  # both, before any assertion
+            results = _ranks_across(tb, PROBES_RANK, 29514, "8", timeout=120)
     finally:
         spinner.kill()
         spinner.wait()
-    for proc, (_, err) in zip(procs, outputs):
-        assert proc.returncode == 0, err[-3000:]
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert results[0] == results[1], "ranks must see rank 0's estimates"
     assert all(abs(rate - 50) / 50 <= 0.15 for rate in results[0]), f"8 probes on a 50 Mbit/s link read {results[0]}"
 
