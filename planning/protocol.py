@@ -89,6 +89,11 @@ class Telemetry(_Strict):
     link_probe_seconds: float | None = Field(default=None, ge=0)
     link_probes: int | None = Field(default=None, ge=0)
     link_checks: int | None = Field(default=None, ge=0)
+    #: The latest decision exchange (a step) at which every rank read a drop of the link
+    #: (``workers.passive_bandwidth.cycle_sample``: each rank's last steps all much slower than
+    #: the link was read at); ``bandwidth_bytes_per_second`` restarted from those steps' rate
+    #: there. None: no drop read yet. The adaptive policy takes a new one as a level at once.
+    link_drop_step: int | None = Field(default=None, ge=0)
     #: σ of one rank's forward+backward compute per step over the timer's window: the
     #: cost model's straggler term (the slowest rank lags the mean by about e_N·σ).
     compute_jitter_seconds: float | None = Field(default=None, ge=0)

@@ -41,7 +41,7 @@ def agree_and_switch(step: int, agreement: SwitchAgreement, reporter: Reporter, 
     regular = agreement.regular(step)  # else an early step's exchange: the decision alone
     decision, link_request = agreement.exchange(step, reporter.proposal(),
                                                 reporter.link_request() if regular else None)
-    if regular and reporter.exchange(agreement.group):
+    if regular and reporter.exchange(step, agreement.group):
         agreement.link_dropped(step)
     switched_to: str | None = None
     switched_at: float | None = None

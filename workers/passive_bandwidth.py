@@ -82,6 +82,18 @@ class PassiveBandwidth:
         self.beta_s_per_byte = sample if prev is None else prev + weight * (sample - prev)
         self.observations += 1
 
+    def restart(self, sample: float) -> None:
+        """Take one β sample as the new level: a drop of the link every rank read over its last
+        steps (:func:`cycle_sample`).
+
+        Why not :meth:`fold` it: an average across a change of level is neither level. Folded as
+        ``DROP_STEPS`` timings, the first reading after the benchmark's drop from 1000 to
+        50 Mbit/s was 72-88 Mbit/s (its oscillating and fast-slow-fast runs, seeds 68-71), and
+        the policy chose its rank at that rate: PowerSGD r8 in three of four oscillating runs,
+        where at the slow steps' own rate it chooses r4 (replayed, session 45)."""
+        self.beta_s_per_byte = sample
+        self.observations += 1
+
     @property
     def bytes_per_second(self) -> float | None:
         """The current estimate, or None before the first usable observation."""
@@ -150,8 +162,8 @@ def cycle_sample(smallest: float, recent: float, threshold: float) -> tuple[floa
     is read one exchange late (the exchange at step 45 still read 1 Gbit/s for a drop at
     step 40, its cycle held a fast step; the policy then switched at step 53-59, session 28).
     When all of its last steps were slower than the threshold on every rank, the cycle's sample
-    is those steps' β (folded as ``DROP_STEPS`` timings): a slow step or two (a pause, a busy
-    core) is not a drop. ``nan`` where the cycle timed nothing.
+    is those steps' β (the reading restarts from it: :meth:`PassiveBandwidth.restart`): a slow
+    step or two (a pause, a busy core) is not a drop. ``nan`` where the cycle timed nothing.
     """
     if math.isfinite(recent) and recent > threshold:
         return recent, True

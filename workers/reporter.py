@@ -95,6 +95,8 @@ class Reporter:
         self.model_profile: ModelProfile | None = None
         self._cost_profile: StepProfile | None = None
         self._last_report: Telemetry | None = None
+        #: The latest exchange that read a drop of the link (:meth:`exchange`; rank 0 reports it).
+        self.drop_step: int | None = None
 
     def link(self, estimate: LinkEstimate) -> None:
         self.estimate = estimate
@@ -150,12 +152,14 @@ class Reporter:
         the link was fast."""
         return self.estimate.has_link and self._steps_unseen >= BLIND_AFTER_STEPS
 
-    def exchange(self, group: Any = None) -> bool:
+    def exchange(self, step: int, group: Any = None) -> bool:
         """Every rank, at the decision exchange (a collective): the quality signal's group
         figures, and the passive link sample of the cycle -- the smallest β any rank's
         collectives implied since the last exchange, which rank 0 folds into its reading.
         Returns whether the cycle read a drop of the link (the same answer on every rank:
-        :func:`workers.passive_bandwidth.cycle_sample`); rank 0 then reports after this step.
+        :func:`workers.passive_bandwidth.cycle_sample`); rank 0's reading then restarts from the
+        slow steps' rate (:meth:`~workers.passive_bandwidth.PassiveBandwidth.restart`) and it
+        reports after this step, with ``step`` as the report's ``link_drop_step``.
 
         Why every rank's: a collective's time on one rank includes waiting for the peers that
         start it later, and is the transfer alone on the rank that arrives last. Timed on rank
@@ -181,9 +185,12 @@ class Reporter:
         sample, dropped = cycle_sample(float(figures[0]), float(figures[1]), float(figures[2]))
         timings, self._cycle_beta, self._cycle_timings, self._last_steps = self._cycle_timings, None, 0, []
         if self.env.rank == 0 and math.isfinite(sample):
-            self.passive.fold(sample, DROP_STEPS if dropped else max(1, timings))
             if dropped:
+                self.passive.restart(sample)
+                self.drop_step = step
                 self.next_report = 0.0  # the policy hears of the drop after this step, not a report later
+            else:
+                self.passive.fold(sample, max(1, timings))
         return dropped
 
     def measure_link(self, request: LinkRequest | None, process_group: Any = None) -> None:
@@ -292,6 +299,7 @@ class Reporter:
             link_probe_seconds=self.scheduler.total_cost_s if self.estimate.has_link else None,
             link_probes=self.scheduler.probes,
             link_checks=self.scheduler.checks,
+            link_drop_step=self.drop_step,
             compute_jitter_seconds=timer.compute_jitter_s(),
             grad_norm=float(grad_norm),
             compression_error=self.quality.running_error(spec.label),

@@ -395,6 +395,19 @@ def test_a_sample_is_a_timings_time_per_byte_and_only_a_fold_moves_the_reading()
         at_once.fold(1 / slow, timings=0)
 
 
+def test_a_drop_restarts_the_passive_reading_from_its_sample() -> None:
+    """A drop every rank read is a new level: the reading is the slow steps' own rate, not an
+    average of the two links (folded as three timings it read 97 Mbit/s for 1000 → 50)."""
+    est = PassiveBandwidth(beta_s_per_byte=1 / (1000 * MB / 8))
+    folded = PassiveBandwidth(beta_s_per_byte=1 / (1000 * MB / 8))
+    est.restart(1 / (50 * MB / 8))
+    folded.fold(1 / (50 * MB / 8), timings=3)
+    assert est.bytes_per_second == pytest.approx(50 * MB / 8) and est.observations == 1
+    assert 8 * folded.bytes_per_second / MB == pytest.approx(97, abs=1)
+    est.fold(1 / (60 * MB / 8))  # later cycles fold as before
+    assert 50 * MB / 8 < est.bytes_per_second < 60 * MB / 8
+
+
 def test_passive_averages_time_per_byte_not_bandwidth() -> None:
     est = PassiveBandwidth(smoothing=0.5)
     nbytes = 1 << 20
