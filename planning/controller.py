@@ -89,6 +89,7 @@ def policy_measurements(telemetry: Telemetry, profile: costmodel.StepProfile | N
         running_efficiency=_running_efficiency(telemetry, running),
         measured_step_s=telemetry.step_wall_seconds,
         measured_steps=None if telemetry.timed_steps is None else telemetry.timed_steps - 1,
+        link_drop_step=telemetry.link_drop_step,
     )
 
 

@@ -6,7 +6,9 @@ to a tenth) must be followed within a couple of reports, while a lone spike must
 anything. So bandwidth is averaged in log space with a time-based EWMA (irregular reports
 weigh by the time since the last one), and a sample off by more than ``shift_factor`` is
 held back as a suspected outlier; once ``shift_reports`` such samples in a row lie on the
-same side, the average jumps to their geometric mean.
+same side, the average jumps to their geometric mean. A drop the workers read on every rank
+over several steps (``Telemetry.link_drop_step``) is no lone sample: the report that brings it
+moves the average to its level at once.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class LinkAverage:
     latency: float | None = None  # seconds
     at: float | None = None  # when a sample last entered the averages
     pending: tuple[float, ...] = ()  # out-of-band bandwidth samples awaiting confirmation
+    drop_step: int | None = None  # the latest drop read by the workers that a report brought
 
 
 def ewma_weight(since: float | None, now: float, half_life_s: float) -> float:
@@ -42,20 +45,36 @@ def ewma_weight(since: float | None, now: float, half_life_s: float) -> float:
 
 
 def fold_sample(average: LinkAverage, bandwidth: float, latency: float, now: float,
-                how: LinkSmoothing) -> LinkAverage:
-    """``average`` with one report's bandwidth (bytes/s) and latency (s) folded in."""
+                how: LinkSmoothing, drop_step: int | None = None) -> LinkAverage:
+    """``average`` with one report's bandwidth (bytes/s) and latency (s) folded in.
+
+    ``drop_step``: the latest exchange at which the workers read a drop of the link (None: none
+    yet). A report that brings a new one, with a sample more than ``shift_factor`` below the
+    average, moves the average to that sample at once.
+
+    Why at once: the workers read a drop only when each rank's last steps were all more than
+    4x slower than the link was read at (``workers.passive_bandwidth.cycle_sample``), and
+    their reading then restarts from those steps' rate; that is the confirmation the second
+    report would give, three steps of every rank where a report is one. Held for a second
+    report, the decision came two steps later at every drop of the benchmark's oscillating
+    link (reports at steps 46 and 48 for a drop read at step 45, session 45), each step at
+    the uncompressed choice's cost on the slow link.
+    """
+    seen = average.drop_step if drop_step is None else drop_step
     previous = average.bandwidth
     if previous is None or math.isinf(bandwidth) or math.isinf(previous):
         # First report, or no link at all (one worker: the probe reports infinite bandwidth).
-        return LinkAverage(bandwidth, latency, now)
+        return LinkAverage(bandwidth, latency, now, drop_step=seen)
     if max(bandwidth / previous, previous / bandwidth) > how.shift_factor:
         above = bandwidth > previous
+        if not above and drop_step is not None and drop_step != average.drop_step:
+            return LinkAverage(bandwidth, latency, now, drop_step=seen)  # read on every rank: a level, not an outlier
         pending = tuple(p for p in average.pending if (p > previous) == above) + (bandwidth,)
         if len(pending) < how.shift_reports:
-            return LinkAverage(previous, average.latency, average.at, pending)  # suspected outlier: hold
+            return LinkAverage(previous, average.latency, average.at, pending, seen)  # suspected outlier: hold
         level = math.exp(math.fsum(math.log(p) for p in pending) / len(pending))
-        return LinkAverage(level, latency, now)
+        return LinkAverage(level, latency, now, drop_step=seen)
     w = ewma_weight(average.at, now, how.half_life_s)
     smoothed = math.exp(math.log(previous) + w * (math.log(bandwidth) - math.log(previous)))
     lat = latency if average.latency is None else average.latency + w * (latency - average.latency)
-    return LinkAverage(smoothed, lat, now)
+    return LinkAverage(smoothed, lat, now, drop_step=seen)

@@ -89,7 +89,8 @@ __all__ = ["Keep", "Measurements", "PolicyConfig", "PolicyState", "Switch", "Ver
 
 def _smooth_link(state: PolicyState, m: Measurements, cfg: PolicyConfig, now: float) -> PolicyState:
     """Fold this report's bandwidth and latency into the averages (step 1)."""
-    folded = fold_sample(state.link, m.bandwidth_bytes_per_second, m.latency_s, now, cfg.link_smoothing)
+    folded = fold_sample(state.link, m.bandwidth_bytes_per_second, m.latency_s, now, cfg.link_smoothing,
+                         m.link_drop_step)
     return dataclasses.replace(state, link=folded)
 
 

@@ -134,6 +134,9 @@ class Measurements:
     #: Seconds to add to each label's predicted step (``planning.step_correction``): what
     #: ``planning.policy.decide`` keeps in its state replaces a caller's value (as the calibrated errors do).
     step_corrections: Corrections = ()
+    #: The latest exchange at which the workers read a drop of the link
+    #: (``Telemetry.link_drop_step``; None: none yet): a new one moves the averaged link at once.
+    link_drop_step: int | None = None
 
 
 @dataclass(frozen=True)

@@ -276,8 +276,9 @@ class SwitchAgreement:
         (``workers.reporter.Reporter.exchange``, the same answer on every rank): due at every
         step until the next regular exchange or the next decision, whichever comes first.
 
-        Why: the policy confirms a drop on its next reports (``level_shift_reports``) a step
-        or two later; at the next regular exchange its decision would apply after up to
+        Why: the policy decides on the report rank 0 sends after this step (it takes a drop
+        the workers read as a level at once: ``planning.link_smoothing.fold_sample``; a
+        coordinator's decision comes a poll later); at the next regular exchange it would apply after up to
         ``sync_every - 1`` more steps on a choice priced for the fast link. On the benchmark's
         50 Mbit/s link a cast costs ~0.028 s a step more than PowerSGD r4, and the policy's lag
         from a drop to the switch was 10-15 steps (sessions 28-29)."""

@@ -146,6 +146,26 @@ def test_single_outlier_report_is_ignored():
     assert switches == []
 
 
+def test_a_drop_the_workers_read_is_acted_on_at_the_report_that_brings_it():
+    """The same slow report switches at once when it carries a new ``link_drop_step`` (every
+    rank read the drop over its last steps), where alone it is held as a suspected outlier."""
+    fast = dataclasses.replace(measure(GBIT10, make_spec("none")), link_drop_step=None)
+    state = PolicyState()
+    for now in (0.0, 2.0, 4.0):
+        kept, state = decide(state, fast, CFG, now)
+        assert isinstance(kept, Keep)
+    slow = measure(MBIT50, make_spec("none"))
+    held, held_state = decide(state, slow, CFG, 6.0)
+    assert isinstance(held, Keep) and held_state.link.bandwidth == pytest.approx(GBIT10)
+    assert held_state.link.pending == (MBIT50,)
+    read, after = decide(state, dataclasses.replace(slow, link_drop_step=45), CFG, 6.0)
+    assert isinstance(read, Switch) and read.spec.name in ("acpsgd", "powersgd"), read
+    assert "50 Mb/s" in read.reason and after.link.drop_step == 45
+    # Its next reports repeat the step: they do not move the average again (a spike is held).
+    spike, _ = decide(after, dataclasses.replace(measure(GBIT10, read.spec), link_drop_step=45), CFG, 7.0)
+    assert isinstance(spike, Keep)
+
+
 def test_critical_regime_raises_the_rank_then_returns():
     current = make_spec("acpsgd", rank=1)
     norms = {20.0: 10.0}  # the gradient norm doubles at t = 20 s, otherwise stays at 5
