@@ -82,6 +82,7 @@ class TelemetryReport(Telemetry):
     ratio: float | None = Field(default=None, gt=0, le=1)
     wall_time: float | None = Field(default=None, ge=0)
     resumed_from_step: int | None = Field(default=None, ge=0, le=MAX_REPORTED_STEP)
+    link_drop_step: int | None = Field(default=None, ge=0, le=MAX_REPORTED_STEP)
     profile: ReportedProfile | None = None
 
     @field_validator("compressor")

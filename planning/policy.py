@@ -11,7 +11,8 @@ Algorithm of :func:`decide`:
    a time-based EWMA (half-life ``bandwidth_half_life_s``), so ±30 % noise moves the estimate
    by a few percent; ``level_shift_reports`` samples in a row off by more than
    ``level_shift_factor`` on one side move it at once (a real collapse is followed within two
-   reports, a lone spike is ignored). Latency uses a plain EWMA with the same weight.
+   reports, a lone spike is ignored), and so does one report that brings a drop the workers
+   read on every rank (``Measurements.link_drop_step``). Latency uses a plain EWMA with the same weight.
 2. **Detect a critical regime** (Accordion's signal): the relative change of the gradient norm
    between reports ``|‖g_t‖ − ‖g_{t−1}‖| / ‖g_{t−1}‖ ≥ critical_grad_change`` starts one that
    lasts ``critical_hold_s``; the first ``critical_initial_steps`` steps are critical too.

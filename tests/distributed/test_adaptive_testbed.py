@@ -85,7 +85,7 @@ def test_policy_moves_to_compression_after_the_link_drops(tmp_path: Path) -> Non
     # drop averaged the two links, and the policy waited for a second report).
     read = [s for s in run.summary["link_drops_read"] if s > drop_step]
     assert read and read[0] <= drop_step + 2 * SYNC_EVERY, f"drop at step {drop_step} read at {read}"
-    assert after[0]["step"] == read[0] + 1, f"drop read at step {read[0]}, switches {switches}"
+    assert after[0]["step"] <= read[0] + 2, f"drop read at step {read[0]}, switches {switches}"
     bringing = [r for r in run.reports if r.get("link_drop_step") == read[0]]
     assert bringing and bringing[0]["step"] == read[0] + 1, [(r["step"], r.get("link_drop_step")) for r in run.reports]
     first_reading = bringing[0]["bandwidth_bytes_per_second"] * 8e-6

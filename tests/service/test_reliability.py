@@ -194,10 +194,11 @@ def test_a_blank_or_padded_token_is_refused_at_start(tmp_path, token):
         ({"profile": {"shapes": [[2**63]]}}, ["body", "profile", "shapes", 0, 0]),
         ({"profile": {"shapes": [[4]], "forward_s": "Infinity"}}, ["body", "profile", "forward_s"]),
         ({"resumed_from_step": 2**63}, ["body", "resumed_from_step"]),
+        ({"link_drop_step": 2**63}, ["body", "link_drop_step"]),
     ],
     ids=["step-2^63", "step-2^64", "world-2^63", "steps-2^70", "rank-1", "compressor", "ratio", "version-1",
          "nan-loss", "inf-rate", "inf-phase", "huge-shape", "inf-profile",
-         "resumed-2^63"],
+         "resumed-2^63", "drop-2^63"],
 )
 def test_telemetry_out_of_bounds_is_422_and_the_connection_lives_on(coordinator, raw, loc):
     job = submit(coordinator.url)

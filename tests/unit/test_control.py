@@ -410,3 +410,29 @@ def test_the_reports_wake_up_and_jitter_reach_the_policys_prediction():
     assert predicted(link_wake_seconds=0.001) == pytest.approx(bare + 0.002)
     assert predicted(compute_jitter_seconds=0.004) > bare + 0.002  # e_2·σ ≈ 0.59·4 ms
     assert policy_measurements(Telemetry(step=1), model, spec) is None  # no bandwidth yet
+
+
+def test_a_reports_drop_step_reaches_the_policy_and_moves_its_link_at_once():
+    """``Telemetry.link_drop_step`` passes through the helper both the worker and the
+    coordinator use: the report that brings it moves the policy's averaged link to its rate."""
+    from planning.controller import policy_measurements, step_profile
+    from planning.policy import PolicyConfig, PolicyState, decide
+    from planning.spec import make_spec
+
+    profile = ModelProfile(shapes=[[512, 512], [512]], buckets=[[1, 0]], forward_s=0.01, backward_s=0.02)
+    spec = make_spec("none")
+    model = step_profile(profile, (spec,))
+    cfg = PolicyConfig(allowed=("none",))
+
+    def report(rate: float, drop: int | None) -> Telemetry:
+        return Telemetry(step=50, world_size=2, bandwidth_bytes_per_second=rate, latency_seconds=2e-4,
+                         link_drop_step=drop)
+
+    fast = policy_measurements(report(1e8, None), model, spec)
+    assert fast is not None and fast.link_drop_step is None
+    _, state = decide(PolicyState(), fast, cfg, now=0.0)
+    for drop, expected in ((None, 1e8), (40, 5e6)):
+        slow = policy_measurements(report(5e6, drop), model, spec)
+        assert slow is not None and slow.link_drop_step == drop
+        _, after = decide(state, slow, cfg, now=1.0)
+        assert after.link.bandwidth == pytest.approx(expected)

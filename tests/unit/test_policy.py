@@ -162,8 +162,8 @@ def test_a_drop_the_workers_read_is_acted_on_at_the_report_that_brings_it():
     assert isinstance(read, Switch) and read.spec.name in ("acpsgd", "powersgd"), read
     assert "50 Mb/s" in read.reason and after.link.drop_step == 45
     # Its next reports repeat the step: they do not move the average again (a spike is held).
-    spike, _ = decide(after, dataclasses.replace(measure(GBIT10, read.spec), link_drop_step=45), CFG, 7.0)
-    assert isinstance(spike, Keep)
+    _, spiked = decide(after, dataclasses.replace(measure(GBIT10, read.spec), link_drop_step=45), CFG, 7.0)
+    assert spiked.link.bandwidth == MBIT50 and spiked.link.pending == (GBIT10,)
 
 
 def test_critical_regime_raises_the_rank_then_returns():
