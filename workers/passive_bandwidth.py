@@ -88,7 +88,7 @@ class PassiveBandwidth:
 
         Why not :meth:`fold` it: an average across a change of level is neither level. Folded as
         ``DROP_STEPS`` timings, the first reading after the benchmark's drop from 1000 to
-        50 Mbit/s was 72-88 Mbit/s (its oscillating and fast-slow-fast runs, seeds 68-71), and
+        50 Mbit/s was 68-88 Mbit/s (its oscillating and fast-slow-fast runs, seeds 68-71), and
         the policy chose its rank at that rate: PowerSGD r8 in three of four oscillating runs,
         where at the slow steps' own rate it chooses r4 (replayed, session 45)."""
         self.beta_s_per_byte = sample
