@@ -56,9 +56,10 @@ def fold_sample(average: LinkAverage, bandwidth: float, latency: float, now: flo
     4x slower than the link was read at (``workers.passive_bandwidth.cycle_sample``), and
     their reading then restarts from those steps' rate; that is the confirmation the second
     report would give, three steps of every rank where a report is one. Held for a second
-    report, the decision came two steps later at every drop of the benchmark's oscillating
-    link (reports at steps 46 and 48 for a drop read at step 45, session 45), each step at
-    the uncompressed choice's cost on the slow link.
+    report, the decision came two steps later (seeds 68-71 of the benchmark: reports at steps
+    46 and 48 for a drop read at step 45, the switch 3 steps after the read at 11 of 12 moves
+    to compression; now 1, session 45), each step at the uncompressed choice's cost on the
+    slow link.
     """
     seen = average.drop_step if drop_step is None else drop_step
     previous = average.bandwidth
