@@ -23,10 +23,12 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from benchmarks.adaptive.scenarios import Phase, boundaries
 from benchmarks.outputs import write_whole
 from planning import registry
+from planning.progress import compressor_of
 
 #: Scenarios whose link changes: the only ones with drops to answer.
 CHANGING = ("fast-slow-fast", "oscillating")
@@ -53,16 +55,11 @@ class RunResponse:
     slow_steps: int = 0
 
 
-def slow_steps(schedule: list[dict[str, Any]]) -> set[int]:
+def slow_steps(phases: Sequence[Phase]) -> set[int]:
     """The steps (0-based, as rank 0's record numbers them) of the phases below the fastest rate."""
-    fastest = max(phase["mbit"] for phase in schedule)
-    steps: set[int] = set()
-    start = 0
-    for phase in schedule:
-        if phase["mbit"] < fastest:
-            steps.update(range(start, start + phase["steps"]))
-        start += phase["steps"]
-    return steps
+    fastest = max(phase.mbit for phase in phases)
+    return {step for phase, end in zip(phases, boundaries(phases)) if phase.mbit < fastest
+            for step in range(end - phase.steps, end)}
 
 
 def run_response(run_dir: Path, slow: set[int]) -> RunResponse:
@@ -76,7 +73,7 @@ def run_response(run_dir: Path, slow: set[int]) -> RunResponse:
     for label in ran.values():
         out.steps_by_label[label] = out.steps_by_label.get(label, 0) + 1
     out.slow_steps = len(slow & ran.keys())
-    out.uncompressed_slow_steps = sum(1 for step in slow if step in ran and not registry.is_lossy(ran[step].split("-")[0]))
+    out.uncompressed_slow_steps = sum(1 for step in slow if step in ran and not registry.is_lossy(compressor_of(ran[step])))
     for read in summary.get("link_drops_read") or []:
         bringing = [r for r in reports if r.get("link_drop_step") == read] or [r for r in reports if r["step"] > read]
         rate = bringing[0].get("bandwidth_bytes_per_second") if bringing else None
@@ -101,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in CHANGING:
         if name not in scenarios:
             continue
-        slow = slow_steps(scenarios[name]["schedule"])
+        slow = slow_steps([Phase(p["mbit"], p["steps"]) for p in scenarios[name]["schedule"]])
         runs = sorted((args.root / name).glob("seed*/adaptive-*"))
         responses = []
         for run_dir in runs:

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.adaptive.scenarios import Phase
 from benchmarks.drop_response import main, run_response, slow_steps
 
 SCHEDULE = [{"mbit": 1000.0, "steps": 4}, {"mbit": 50.0, "steps": 3}, {"mbit": 1000.0, "steps": 3}]
+PHASES = [Phase(p["mbit"], p["steps"]) for p in SCHEDULE]
 
 
 def keep_run(run_dir: Path, ran: list[str], drops: list[int], reports: list[dict], switches: list[dict]) -> Path:
@@ -25,8 +27,8 @@ def keep_run(run_dir: Path, ran: list[str], drops: list[int], reports: list[dict
 
 
 def test_the_slow_steps_are_the_phases_below_the_fastest_rate() -> None:
-    assert slow_steps(SCHEDULE) == {4, 5, 6}
-    assert slow_steps([{"mbit": 50.0, "steps": 3}]) == set()  # one rate: nothing slower
+    assert slow_steps(PHASES) == {4, 5, 6}
+    assert slow_steps([Phase(50.0, 3)]) == set()  # one rate: nothing slower
 
 
 def test_a_drop_is_answered_by_the_report_that_names_it_and_the_switch_after(tmp_path: Path,
@@ -37,7 +39,7 @@ def test_a_drop_is_answered_by_the_report_that_names_it_and_the_switch_after(tmp
                {"step": 9, "bandwidth_bytes_per_second": 125e6, "link_drop_step": 4}]
     run = keep_run(tmp_path / "fast-slow-fast" / "seed0-repeat0" / "adaptive-0", ran, [4], reports,
                    [{"step": 5, "to": "powersgd-r4"}, {"step": 7, "to": "fp16"}])
-    response = run_response(run, slow_steps(SCHEDULE))
+    response = run_response(run, slow_steps(PHASES))
     assert [(d.read_at, d.reading_mbit, d.switched_at, d.switched_to) for d in response.drops] == [(4, 40.0, 5, "powersgd-r4")]
     assert response.steps_by_label == {"bf16": 5, "powersgd-r4": 2, "fp16": 3}
     assert (response.uncompressed_slow_steps, response.slow_steps) == (1, 3)
@@ -53,7 +55,7 @@ def test_a_report_from_before_link_drop_step_stands_in_by_its_step(tmp_path: Pat
     """Runs kept before session 45 carry no ``link_drop_step``: the first report after the read stands in."""
     run = keep_run(tmp_path / "run", ["none"] * 10, [4], [{"step": 3, "bandwidth_bytes_per_second": 125e6},
                                                           {"step": 6, "bandwidth_bytes_per_second": 10e6}], [])
-    (answer,) = run_response(run, slow_steps(SCHEDULE)).drops
+    (answer,) = run_response(run, slow_steps(PHASES)).drops
     assert (answer.reading_mbit, answer.switched_at, answer.switched_to) == (80.0, None, None)
 
 
